@@ -1,0 +1,36 @@
+# The README's commands. `make demo`: install everything into .venv, run the default job on 2 ranks.
+# `make test`: install if needed, run serial tests, then the MPI tests at -n 2 and -n 4.
+VENV     ?= .venv
+PY       := $(VENV)/bin/python
+NP       ?= 2
+MPIEXEC  ?= mpiexec
+# Open MPI as root, oversubscribed on a 2-core machine; one compute thread per rank.
+export OMPI_ALLOW_RUN_AS_ROOT := 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+export OMPI_MCA_rmaps_base_oversubscribe := 1
+export OMP_NUM_THREADS := 1
+PYTEST_MPI := -m pytest --only-mpi -q -p no:cacheprovider --color=no --timeout=300
+
+.PHONY: setup demo test test-serial test-mpi bench clean
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	$(MPIEXEC) -n $(NP) $(PY) -m hpctrain --run-dir runs/demo
+
+test: setup
+	$(MAKE) --no-print-directory test-serial
+	$(MAKE) --no-print-directory test-mpi
+
+test-serial:
+	$(PY) -m pytest -q tests/unit tests/kernels tests/integration
+
+test-mpi:
+	$(MPIEXEC) -n 2 $(PY) $(PYTEST_MPI) tests/mpi
+	$(MPIEXEC) -n 4 $(PY) $(PYTEST_MPI) tests/mpi
+
+bench: setup
+	$(MPIEXEC) -n 2 $(PY) -m hpctrain bench allreduce
+
+clean:
+	rm -rf runs .pytest_cache
