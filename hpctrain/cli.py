@@ -1,0 +1,107 @@
+"""Command line: ``python -m hpctrain [SUBCOMMAND] [options]`` (``train`` when none is given).
+
+The only module that touches ``MPI.COMM_WORLD``; everything below takes a communicator.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Subcommand → "module:function(argv) -> int", imported only when used.
+SUBCOMMANDS = {
+    "train": "hpctrain.cli:train_main",
+    "bench": "hpctrain.bench:main",
+    "simulate": "hpctrain.simulate:main",
+    "study": "hpctrain.study:main",
+    "report": "hpctrain.report:main",
+    "cluster": "hpctrain.cluster:main",
+}
+
+# Named flags: shortcuts for the most used ``--set`` keys.
+FLAGS = {
+    "--run-dir": "run.run_dir", "--epochs": "train.epochs", "--batch-size": "train.batch_size",
+    "--lr": "optim.lr", "--optimizer": "optim.name", "--seed": "train.seed", "--max-steps": "train.max_steps",
+    "--model": "model.name", "--data": "data.dataset", "--strategy": "comm.strategy",
+    "--compression": "comm.compression", "--ranks-per-node": "comm.ranks_per_node",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from hpctrain.config import help_text
+    ap = argparse.ArgumentParser(
+        prog="python -m hpctrain",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train with synchronous data-parallel SGD over MPI. Launch with "
+                    "`mpiexec -n N python -m hpctrain [options]`. Other subcommands: "
+                    + ", ".join(s for s in SUBCOMMANDS if s != "train") + ".",
+        epilog="configuration keys (TOML [section] key = value, or --set section.key=value):\n" + help_text())
+    ap.add_argument("--config", metavar="FILE", help="TOML file with [section] tables of config keys")
+    ap.add_argument("--set", metavar="KEY=VALUE", action="append", default=[], dest="overrides",
+                    help="override a config key, e.g. --set optim.lr=0.2 (repeatable)")
+    for flag, key in FLAGS.items():
+        ap.add_argument(flag, metavar="VALUE", dest=key.replace(".", "__"), help=f"same as --set {key}=VALUE")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return ap
+
+
+def config_from_args(argv: list[str]):
+    """Parse argv into a validated-later :class:`Config` (raises ConfigError on bad keys/values)."""
+    from hpctrain.config import Config, ConfigError, load_toml, set_value
+    args = build_parser().parse_args(argv)
+    cfg = Config()
+    if args.config:
+        load_toml(cfg, args.config)
+    for item in args.overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {item}: expected KEY=VALUE")
+        set_value(cfg, key.strip(), value.strip())
+    for key in FLAGS.values():
+        value = getattr(args, key.replace(".", "__"))
+        if value is not None:
+            set_value(cfg, key, value)
+    if args.no_progress:
+        cfg.run.progress = False
+    return cfg
+
+
+def train_main(argv: list[str]) -> int:
+    from mpi4py import MPI
+
+    from hpctrain.config import ConfigError, validate
+    from hpctrain.faults import UserError, install_abort_hook
+    comm = MPI.COMM_WORLD
+    install_abort_hook(comm)
+    try:
+        cfg = config_from_args(argv)
+        validate(cfg, comm.Get_size())
+        from hpctrain.train import run
+        summary = run(cfg, comm)
+    except (ConfigError, UserError) as exc:
+        if comm.Get_rank() == 0:
+            print(f"hpctrain: error: {exc}", file=sys.stderr)
+        return 2
+    if comm.Get_rank() == 0:
+        print(format_summary(summary))
+    return 0
+
+
+def format_summary(s: dict) -> str:
+    return (f"test accuracy {100 * s['test_accuracy']:.2f}% | {s['samples_per_s']:.0f} samples/s | "
+            f"wall {s['wall_s']:.1f} s | {s['world_size']} ranks | GPU-time {s['gpu_time_s']:.1f} s "
+            f"({s['avg_single_gpu_time_per_epoch_s']:.2f} s/epoch) | {s['strategy']}/{s['compression']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    name, rest = (argv[0], argv[1:]) if argv and argv[0] in SUBCOMMANDS else ("train", argv)
+    mod_name, _, fn = SUBCOMMANDS[name].partition(":")
+    try:
+        mod = importlib.import_module(mod_name)
+    except ModuleNotFoundError as exc:
+        if exc.name == mod_name:
+            print(f"hpctrain: subcommand {name!r} is not available in this version", file=sys.stderr)
+            return 2
+        raise
+    return int(getattr(mod, fn)(rest) or 0)
