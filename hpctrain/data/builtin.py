@@ -1,0 +1,49 @@
+"""Built-in datasets, converted to shards in a cache directory on first use.
+
+Rank 0 converts (into a temporary directory renamed into place, so concurrent jobs and killed
+conversions never leave a half-written dataset) and broadcasts the outcome; nothing else is sent.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+from mpi4py import MPI
+
+BUILTIN_DATASETS = {"digits": "digits-v1"}
+
+
+def resolve_dataset(dataset: str, cache_dir: str, comm: MPI.Comm) -> str:
+    """Return the shard directory for ``dataset`` (a built-in name or a directory). Collective."""
+    if dataset not in BUILTIN_DATASETS:
+        return dataset
+    path = os.path.join(os.path.expanduser(cache_dir), BUILTIN_DATASETS[dataset])
+    error = None
+    if comm.Get_rank() == 0 and not os.path.exists(os.path.join(path, "index.json")):
+        try:
+            _convert(dataset, path)
+        except Exception as exc:  # reported on every rank by the bcast below
+            error = f"converting built-in dataset {dataset!r} into {path}: {exc}"
+    error = comm.bcast(error, root=0)
+    if error:
+        raise RuntimeError(error)
+    return path
+
+
+def _convert(dataset: str, path: str) -> None:
+    from data_tools.sources import SOURCES
+    from data_tools.writer import write_dataset
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.", dir=os.path.dirname(path))
+    try:
+        splits, names = SOURCES[dataset](None)
+        write_dataset(tmp, splits, names, n_shards=2)
+        try:
+            os.rename(tmp, path)
+        except OSError:
+            if not os.path.exists(os.path.join(path, "index.json")):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

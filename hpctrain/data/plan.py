@@ -1,0 +1,60 @@
+"""Which samples each rank reads in an epoch: pure functions, identical on every rank.
+
+The split's index space is cut into blocks of ``block_size`` contiguous samples; the blocks are
+permuted with a generator seeded by ``(seed, epoch)`` (the same on every rank), and the permuted
+sample sequence is dealt to ranks in balanced contiguous parts (:func:`block_range`, as mpi4py-fft's
+``_blockdist``). Each rank therefore reads long contiguous runs — whole blocks — never single
+samples, and every sample is assigned exactly once per epoch.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def block_range(n: int, size: int, rank: int) -> tuple[int, int]:
+    """``[start, stop)`` of ``rank``'s balanced share of ``n`` items over ``size`` ranks.
+
+    The first ``n % size`` ranks get one extra item; shares are contiguous and cover ``0..n``.
+    """
+    q, r = divmod(n, size)
+    start = rank * q + min(rank, r)
+    return start, start + q + (rank < r)
+
+
+def steps_per_epoch(n_samples: int, global_batch: int, drop_last: bool = True) -> int:
+    """Optimiser steps in one epoch; every rank takes the same number."""
+    return n_samples // global_batch if drop_last else -(-n_samples // global_batch)
+
+
+def permuted_blocks(n_samples: int, block_size: int, seed: int, epoch: int) -> list[tuple[int, int]]:
+    """All blocks ``(start, stop)`` in this epoch's order (same on every rank)."""
+    starts = np.arange(0, n_samples, block_size)
+    order = np.random.default_rng([seed, epoch]).permutation(len(starts))
+    return [(int(starts[i]), int(min(starts[i] + block_size, n_samples))) for i in order]
+
+
+def rank_runs(n_samples: int, size: int, rank: int, *, epoch: int, seed: int, block_size: int,
+              total: int | None = None) -> list[tuple[int, int]]:
+    """Contiguous sample runs ``(start, stop)`` that ``rank`` reads this epoch.
+
+    ``total`` > ``n_samples`` pads by wrapping around the permuted sequence (so every rank gets
+    the same count when the last batch is kept); by default each sample appears exactly once.
+    """
+    blocks = permuted_blocks(n_samples, block_size, seed, epoch)
+    total = n_samples if total is None else total
+    lo, hi = block_range(total, size, rank)
+    runs, pos = [], 0          # pos: position of the current block in the (wrapped) sequence
+    while pos < hi:
+        for a, b in blocks:
+            n = b - a
+            s, e = max(lo, pos), min(hi, pos + n)
+            if s < e:
+                run = (a + s - pos, a + e - pos)
+                if runs and runs[-1][1] == run[0]:
+                    runs[-1] = (runs[-1][0], run[1])   # merge adjacent blocks into one read
+                else:
+                    runs.append(run)
+            pos += n
+            if pos >= hi:
+                break
+    return runs

@@ -1,0 +1,103 @@
+"""Shard format: round trips, the loader's coverage, and one-line errors naming the file."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from data_tools.sources import SOURCES
+from data_tools.writer import write_dataset
+from hpctrain.data import ShardError, ShardLoader, ShardSet, read_index
+
+
+@pytest.fixture
+def npz_dataset(tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 255, size=(103, 3, 5, 4), dtype=np.uint8)
+    y = rng.integers(0, 7, size=103)
+    write_dataset(str(tmp_path / "ds"), {"train": (x, y), "test": (x[:10], y[:10])},
+                  [str(i) for i in range(7)], n_shards=4)
+    return str(tmp_path / "ds"), x, y
+
+
+def test_round_trip_across_shards(npz_dataset):
+    d, x, y = npz_dataset
+    s = ShardSet(read_index(d), "train")
+    assert len(s.entries) == 4 and s.num_samples == 103
+    gx, gy = s.read_range(0, 103)
+    np.testing.assert_array_equal(gx, x)
+    np.testing.assert_array_equal(gy, y)
+    gx, gy = s.read_range(20, 80)     # spans several shards
+    np.testing.assert_array_equal(gx, x[20:80])
+    s.verify()
+
+
+def test_digits_convert_cli(tmp_path):
+    out = tmp_path / "digits"
+    r = subprocess.run([sys.executable, "-m", "data_tools", "convert", "--from", "digits", "--out", str(out),
+                        "--shards", "3"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    idx = read_index(str(out))
+    assert idx.num_samples("train") + idx.num_samples("test") == 1797
+    assert idx.sample_shape == (1, 8, 8) and idx.num_classes == 10
+    splits, _ = SOURCES["digits"](None)
+    got, _ = ShardSet(idx, "test").read_range(0, idx.num_samples("test"))
+    np.testing.assert_array_equal(got, splits["test"][0])
+    r = subprocess.run([sys.executable, "-m", "data_tools", "verify", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0 and "OK" in r.stdout
+
+
+def test_npz_source(tmp_path):
+    p = tmp_path / "a.npz"
+    np.savez(p, x=np.zeros((10, 2), np.float32), y=np.arange(10) % 3)
+    splits, names = SOURCES["npz"](str(p), test_fraction=0.2, seed=0)
+    assert len(splits["train"][0]) == 8 and names == ["0", "1", "2"]
+
+
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_loader_sees_each_sample_once(npz_dataset, size):
+    d, x, y = npz_dataset
+    s = ShardSet(read_index(d), "train")
+    seen = []
+    for rank in range(size):
+        loader = ShardLoader(s, rank=rank, size=size, batch_size=5, block_size=8, shuffle_window=16, prefetch=2)
+        batches = list(loader.epoch(0))
+        assert len(batches) == loader.steps == 103 // (5 * size)
+        seen += [int(v) for b in batches for v in b[1]]
+    assert len(seen) == loader.steps * 5 * size
+
+
+def test_truncated_shard_names_file(npz_dataset):
+    d, _, _ = npz_dataset
+    path = os.path.join(d, "train-00001-of-00004.h5")
+    with open(path, "r+b") as fh:
+        fh.truncate(os.path.getsize(path) // 2)
+    s = ShardSet(read_index(d), "train")
+    with pytest.raises(ShardError, match="train-00001-of-00004.h5"):
+        s.check()
+        s.read_range(0, 103)
+    with pytest.raises(ShardError, match="checksum mismatch"):
+        s.verify()
+
+
+def test_missing_shard_and_index(npz_dataset, tmp_path):
+    d, _, _ = npz_dataset
+    os.remove(os.path.join(d, "train-00002-of-00004.h5"))
+    with pytest.raises(ShardError, match="train-00002-of-00004.h5: shard file missing"):
+        ShardSet(read_index(d), "train").check()
+    with pytest.raises(ShardError, match="not found"):
+        read_index(str(tmp_path / "nope"))
+    os.makedirs(tmp_path / "empty")
+    with pytest.raises(ShardError, match="index.json: missing"):
+        read_index(str(tmp_path / "empty"))
+
+
+def test_index_count_mismatch(npz_dataset):
+    d, _, _ = npz_dataset
+    meta = json.load(open(os.path.join(d, "index.json")))
+    meta["splits"]["train"]["num_samples"] = 999
+    json.dump(meta, open(os.path.join(d, "index.json"), "w"))
+    with pytest.raises(ShardError, match="says 999 samples"):
+        read_index(d)
