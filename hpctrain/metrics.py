@@ -1,0 +1,38 @@
+"""Run metrics: ``RUN_DIR/metrics.jsonl``, one JSON object a line, written by rank 0.
+
+Lines carry an ``event`` ("config", "epoch", "eval", "summary"…); the last line of a finished
+run is the summary. Each line is flushed so a killed job keeps what it had.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+
+class MetricsLog:
+    def __init__(self, run_dir: str, enabled: bool):
+        self.enabled = enabled
+        self.path = os.path.join(run_dir, "metrics.jsonl")
+        self._fh = None
+        if enabled:
+            os.makedirs(run_dir, exist_ok=True)
+            self._fh = open(self.path, "w")
+
+    def log(self, event: str, **fields) -> dict:
+        rec = {"event": event, "time": time.time(), **fields}
+        if self._fh:
+            self._fh.write(json.dumps(rec) + "\n")
+            self._fh.flush()
+        return rec
+
+    def close(self) -> None:
+        if self._fh:
+            self._fh.close()
+            self._fh = None
+
+
+def gpu_time(wall_s: float, world_size: int, epochs: float) -> dict:
+    """Seed 000's "actual average single-GPU training time" (DESIGN.md): wall × ranks, per epoch."""
+    total = wall_s * world_size
+    return {"gpu_time_s": total, "avg_single_gpu_time_per_epoch_s": total / epochs if epochs else 0.0}

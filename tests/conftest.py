@@ -1,0 +1,61 @@
+"""Test-suite wiring shared by serial and MPI runs.
+
+Under ``mpiexec … pytest --only-mpi`` each rank runs the whole session and pytest-mpi lets rank 0's
+exit code hide a failure on another rank; :func:`pytest_sessionfinish` gathers every rank's failure
+count so all ranks exit non-zero when any failed.
+"""
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+def _world():
+    if "--only-mpi" not in os.environ.get("PYTEST_ADDOPTS", "") and not _mpi_run():
+        return None
+    from mpi4py import MPI
+    return MPI.COMM_WORLD
+
+
+def _mpi_run() -> bool:
+    return any(k in os.environ for k in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"))
+
+
+def pytest_configure(config):
+    comm = _world()
+    if comm is not None and comm.Get_rank() > 0:
+        config.option.verbose = -1   # one summary per rank, but keep other ranks terse
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session, exitstatus):
+    comm = _world()
+    if comm is None or comm.Get_size() == 1:
+        return
+    failed = comm.allgather(int(session.testsfailed or exitstatus not in (0, 5)))
+    if any(failed):
+        bad = [r for r, f in enumerate(failed) if f]
+        if comm.Get_rank() == 0:
+            print(f"\nMPI test run failed on rank(s) {bad}")
+        session.exitstatus = 1
+
+
+@pytest.fixture
+def world():
+    from mpi4py import MPI
+    return MPI.COMM_WORLD
+
+
+@pytest.fixture(scope="session")
+def digits_dir(tmp_path_factory):
+    """The digits dataset converted once per session (rank 0 converts into a shared path)."""
+    from mpi4py import MPI
+
+    from hpctrain.data.builtin import resolve_dataset
+    comm = MPI.COMM_WORLD
+    base = os.environ.get("HPCTRAIN_TEST_CACHE") or os.path.expanduser("~/.cache/hpctrain")
+    return resolve_dataset("digits", base, comm)

@@ -1,0 +1,83 @@
+"""Known-answer tests for every gradient-sync strategy, run twice in a row, on several communicators."""
+import numpy as np
+import pytest
+import torch
+from mpi4py import MPI
+
+from hpctrain import comm as comm_lib
+from hpctrain.topology import Topology
+
+
+def comms():
+    yield "world", MPI.COMM_WORLD
+    yield "dup", MPI.COMM_WORLD.Dup()
+    yield "self", MPI.COMM_SELF
+
+
+def make_params(sizes, dtype=torch.float32):
+    return [torch.nn.Parameter(torch.zeros(n, dtype=dtype)) for n in sizes]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("strategy", sorted(comm_lib.STRATEGIES))
+@pytest.mark.parametrize("which", ["world", "dup", "self"])
+def test_grad_equals_rank_gives_mean(strategy, which):
+    comm = dict(comms())[which]
+    topo = Topology.create(comm)
+    params = make_params([0, 1, 7, 1031, 5000])
+    sync = comm_lib.create(strategy, params, topo, bucket_bytes=4 * 1024)  # several buckets
+    rank, size = comm.Get_rank(), comm.Get_size()
+    for _ in range(2):   # twice: lazy set-up bugs show on the second call
+        for p in params:
+            p.grad = torch.full_like(p, float(rank))
+        sync.allreduce_grads()
+        for p in params:
+            assert torch.all(p.grad == (size - 1) / 2), (strategy, which)
+    sync.close()
+    topo.close()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("strategy", sorted(comm_lib.STRATEGIES))
+def test_matches_mpi_allreduce_on_random_data(strategy):
+    comm = MPI.COMM_WORLD
+    rng = np.random.default_rng(100 + comm.Get_rank())
+    params = make_params([3, 4097, 13], torch.float64)
+    grads = [torch.from_numpy(rng.standard_normal(p.numel())) for p in params]
+    topo = Topology.create(comm)
+    sync = comm_lib.create(strategy, params, topo, bucket_bytes=8 * 4096)
+    for p, g in zip(params, grads):
+        p.grad = g.clone()
+    sync.allreduce_grads()
+    for p, g in zip(params, grads):
+        want = g.numpy().copy()
+        comm.Allreduce(MPI.IN_PLACE, want)
+        np.testing.assert_allclose(p.grad.numpy(), want / comm.Get_size(), rtol=1e-12, atol=1e-15)
+    sync.close()
+    topo.close()
+
+
+@pytest.mark.mpi
+def test_broadcast_and_checksum_agree():
+    comm = MPI.COMM_WORLD
+    torch.manual_seed(comm.Get_rank())        # different init on every rank ...
+    model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.BatchNorm1d(4))
+    model[1].running_mean.fill_(comm.Get_rank())
+    comm_lib.broadcast_module(model, comm)    # ... made identical to rank 0's
+    sums = comm.allgather(comm_lib.checksum(model.state_dict().values()))
+    assert len(set(sums)) == 1
+    assert float(model[1].running_mean[0]) == 0.0
+
+
+@pytest.mark.mpi(min_size=2)
+def test_topology_emulated_nodes():
+    comm = MPI.COMM_WORLD
+    size = comm.Get_size()
+    topo = Topology.create(comm, ranks_per_node=2)
+    assert topo.n_nodes == (size + 1) // 2
+    assert topo.local_rank == comm.Get_rank() % 2 and topo.node == comm.Get_rank() // 2
+    assert topo.inter.Get_size() == len(range(topo.local_rank, size, 2))
+    topo.close()
+    real = Topology.create(comm)
+    assert real.n_nodes == 1 and real.local_size == size   # one host
+    real.close()
