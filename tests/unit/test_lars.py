@@ -143,16 +143,38 @@ def test_make_optimizer_sgd_excludes_1d_from_weight_decay():
 
 
 def test_kernels_adapter_and_backend_choice():
-    ts = [torch.randn(3, 4, dtype=torch.float64), torch.randn(7, dtype=torch.float64)]
+    torch.manual_seed(0)
+    ts = [torch.randn(3, 4), torch.randn(7)]                 # fp32: the kernel's contract
+    want = [np.linalg.norm(t.double().numpy()) for t in ts]
+    calls = []
 
-    def fake_kernel(tensors):                     # the kernels package's contract
-        sq = [float((t.numpy() ** 2).sum()) for t in tensors]
+    def fake_kernel(tensors):
+        calls.append(len(tensors))
+        sq = [float((t.double().numpy() ** 2).sum()) for t in tensors]
         return sq, float(np.sqrt(sum(sq)))
 
-    got = _kernels_norms(fake_kernel)(ts)
-    want = [np.linalg.norm(t.numpy()) for t in ts]
-    np.testing.assert_allclose(got.numpy(), want, rtol=1e-12)
-    fn, backend = resolve_norms_fn()
-    np.testing.assert_allclose(fn(ts).numpy(), want, rtol=1e-6)
-    assert backend.startswith(("kernels.", "torch._foreach_norm"))
+    adapted = _kernels_norms(fake_kernel)
+    np.testing.assert_allclose(adapted(ts).numpy(), want, rtol=1e-6)
+    ts64 = [t.double() for t in ts]                           # not fp32: torch fall-back
+    np.testing.assert_allclose(adapted(ts64).numpy(), want, rtol=1e-12)
+    assert calls == [2]
+    for prefer in (True, False):
+        fn, backend = resolve_norms_fn(prefer_kernels=prefer)
+        np.testing.assert_allclose(fn(ts).numpy(), want, rtol=1e-5)
+        np.testing.assert_allclose(fn(ts64).numpy(), want, rtol=1e-12)
+        assert backend.startswith(("kernels.", "torch._foreach_norm"))
     assert resolve_norms_fn(prefer_kernels=False)[1] == "torch._foreach_norm"
+
+
+def test_lars_float32_with_default_backend_matches_numpy():
+    """fp32 parameters take the kernels path when the package is present."""
+    ws, steps = make_case(2)
+    params = [torch.nn.Parameter(torch.tensor(w, dtype=torch.float32)) for w in ws]
+    opt = LARS(params, lr=0.7, momentum=0.9, weight_decay=5e-4, eta=0.02, eps=1e-9)
+    for grads in steps:
+        for p, g in zip(params, grads):
+            p.grad = torch.tensor(g, dtype=torch.float32)
+        opt.step()
+    want = numpy_lars(ws, steps, lr=0.7, m=0.9, wd=5e-4, eta=0.02, eps=1e-9)
+    for p, w in zip(params, want):
+        np.testing.assert_allclose(p.detach().numpy(), w, rtol=1e-5, atol=1e-6)
