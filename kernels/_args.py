@@ -1,0 +1,69 @@
+"""Argument checks shared by the dispatchers: one family of arrays, dtypes, contiguity, sizes.
+
+Checks read only host-side metadata (dtype, shape, device), so they never synchronise a GPU.
+"""
+import numpy as np
+import torch
+
+from . import _runtime
+
+
+def family(x):
+    """'torch' (CPU tensor), 'torch-cuda', 'numpy' or 'cuda-array' (CuPy and alike)."""
+    if isinstance(x, torch.Tensor):
+        return "torch-cuda" if x.is_cuda else ("torch" if x.device.type == "cpu" else x.device.type)
+    if isinstance(x, np.ndarray):
+        return "numpy"
+    if _runtime.is_cuda_array(x):
+        return "cuda-array"
+    raise TypeError(f"expected a torch tensor, NumPy or CuPy array, got {type(x).__name__}")
+
+
+def common_family(arrays, what):
+    kinds = {family(a) for a in arrays}
+    if len(kinds) > 1:
+        raise TypeError(f"{what}: mixed array kinds {sorted(kinds)}; pass one kind")
+    return kinds.pop()
+
+
+def dtype_name(x):
+    return str(x.dtype).removeprefix("torch.")
+
+
+def check_dtype(x, name, what):
+    if dtype_name(x) != name:
+        raise TypeError(f"{what} must be {name}, got {dtype_name(x)}")
+
+
+def is_contiguous(x):
+    return x.is_contiguous() if isinstance(x, torch.Tensor) else bool(x.flags.c_contiguous)
+
+
+def check_tensors(tensors, dtype, what):
+    for i, t in enumerate(tensors):
+        check_dtype(t, dtype, f"{what}[{i}]")
+        if not is_contiguous(t):
+            raise ValueError(f"{what}[{i}] must be contiguous")
+
+
+def check_flat(buf, dtype, total, what):
+    check_dtype(buf, dtype, what)
+    if len(buf.shape) != 1 or not is_contiguous(buf):
+        raise ValueError(f"{what} must be a contiguous 1-D array, got shape {tuple(buf.shape)}")
+    if _runtime.n_elems(buf) != total:
+        raise ValueError(f"{what} has {_runtime.n_elems(buf)} elements, tensors hold {total}")
+
+
+def check_one_device(arrays, what):
+    devices = {str(a.device) for a in arrays if hasattr(a, "device")}
+    if len(devices) > 1:
+        raise ValueError(f"{what}: arrays on several devices {sorted(devices)}")
+
+
+def total_elems(tensors):
+    return sum(_runtime.n_elems(t) for t in tensors)
+
+
+def as_torch(x):
+    """Zero-copy torch view of a NumPy array (torch tensors pass through)."""
+    return torch.from_numpy(x) if isinstance(x, np.ndarray) else x

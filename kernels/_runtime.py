@@ -1,0 +1,138 @@
+"""CuPy plumbing: find CuPy, compile each kernel once, launch on the caller's stream.
+
+CuPy is an optional extra (`pip install 'hpctrain[cuda]'`); nothing here imports it until a
+GPU array is seen or `probe()` is called. Inputs are passed to kernels as raw device addresses,
+so torch CUDA tensors and CuPy arrays are used in place (zero copy) and no stream
+synchronisation is implied (CuPy's `__cuda_array_interface__` import may synchronise, raw
+addresses never do). Kernels run on torch's current stream for torch inputs and on CuPy's
+current stream for CuPy inputs, so they are ordered after the work that produced the inputs.
+Compile-once caching follows ChainerMN's `pure_nccl_communicator.py` (kernels built on first use).
+"""
+import contextlib
+import functools
+
+import numpy as np
+import torch
+
+from ._prelude import BLOCK_THREADS
+from ._table import build_table
+
+INSTALL_HINT = "pip install 'hpctrain[cuda]' (cupy-cuda12x)"
+_TABLE_CACHE_LEN = 32
+
+
+@functools.lru_cache(maxsize=1)
+def probe():
+    """Return `(cupy module or None, reason)`; never raises, never prints."""
+    try:
+        import cupy
+    except ImportError:
+        return None, f"cupy not installed; {INSTALL_HINT}"
+    try:
+        usable = cupy.is_available()
+    except Exception as exc:  # driver/runtime errors: reported through the reason, not hidden
+        return None, f"cupy {cupy.__version__} cannot query CUDA: {type(exc).__name__}: {exc}"
+    if not usable:
+        return None, f"cupy {cupy.__version__} installed but no CUDA device (cupy.is_available() is False)"
+    n_devices = cupy.cuda.runtime.getDeviceCount()
+    return cupy, f"cupy {cupy.__version__}, {n_devices} CUDA device(s)"
+
+
+def require_cupy():
+    """CuPy, or ImportError naming the extra to install."""
+    cupy, reason = probe()
+    if cupy is None:
+        raise ImportError(f"CUDA arrays need CuPy: {reason}")
+    return cupy
+
+
+_FUNCTIONS = {}
+
+
+def function(source, name):
+    """The compiled kernel `name` from `source` for the current device, compiled once."""
+    cupy = require_cupy()
+    key = (name, cupy.cuda.Device().id)
+    fn = _FUNCTIONS.get(key)
+    if fn is None:
+        module = cupy.RawModule(code=source, options=("-std=c++17",))
+        fn = _FUNCTIONS[key] = module.get_function(name)
+    return fn
+
+
+def is_torch_cuda(x):
+    return isinstance(x, torch.Tensor) and x.is_cuda
+
+
+def is_cuda_array(x):
+    """A CUDA tensor or a CuPy (or other `__cuda_array_interface__`) array."""
+    if isinstance(x, torch.Tensor):
+        return x.is_cuda
+    return hasattr(x, "__cuda_array_interface__")
+
+
+def address(x):
+    return x.data_ptr() if isinstance(x, torch.Tensor) else x.data.ptr
+
+
+def n_elems(x):
+    return x.numel() if isinstance(x, torch.Tensor) else int(x.size)
+
+
+def device_id(x):
+    return x.device.index if isinstance(x, torch.Tensor) else x.device.id
+
+
+@contextlib.contextmanager
+def launch_scope(sample):
+    """Make `sample`'s device current and, for torch, torch's current stream CuPy's stream."""
+    cupy = require_cupy()
+    dev = device_id(sample)
+    with cupy.cuda.Device(dev):
+        if isinstance(sample, torch.Tensor):
+            stream_ptr = torch.cuda.current_stream(sample.device).cuda_stream
+            with cupy.cuda.ExternalStream(stream_ptr, dev):
+                yield cupy
+        else:
+            yield cupy
+
+
+_TABLES = {}
+
+
+def device_table(tensors):
+    """`(device int64 table, n_chunks)` for `tensors`; call inside `launch_scope`.
+
+    Cached by (device, stream, addresses, sizes): gradient buffers are stable across steps, so
+    the host-to-device copy happens once. The stream is in the key because the upload is
+    ordered on the stream it was made on.
+    """
+    cupy = require_cupy()
+    addrs = tuple(address(t) for t in tensors)
+    sizes = tuple(n_elems(t) for t in tensors)
+    key = (cupy.cuda.Device().id, cupy.cuda.get_current_stream().ptr, addrs, sizes)
+    hit = _TABLES.get(key)
+    if hit is None:
+        table, n_chunks = build_table(addrs, sizes)
+        hit = (cupy.asarray(table), n_chunks)
+        if len(_TABLES) >= _TABLE_CACHE_LEN:
+            _TABLES.pop(next(iter(_TABLES)))
+        _TABLES[key] = hit
+    return hit
+
+
+def launch(fn, n_blocks, args):
+    """Launch `fn` with one block per chunk on the current CuPy stream (no-op for 0 blocks)."""
+    if n_blocks > 0:
+        fn((n_blocks,), (BLOCK_THREADS,), args)
+
+
+def ptr_arg(x):
+    return np.uint64(address(x))
+
+
+def as_output(cupy_array, like):
+    """Hand a result allocated by CuPy back in the caller's array type (zero copy)."""
+    if isinstance(like, torch.Tensor):
+        return torch.from_dlpack(cupy_array)
+    return cupy_array
