@@ -74,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--calib-impl", default="flat", help="impl whose rows are fitted")
     g.add_argument("--calib-compression", choices=["none", "fp16"], default="none")
     g.add_argument("--calib-ranks", type=int, help="world size of rows without world_size")
+    g.add_argument("--calib-min-mb", type=float, default=0.0,
+                   help="fit only rows of at least this many MB (e.g. the bucket size range)")
     g.add_argument("--calib-algo", choices=sorted(ALGORITHMS), default="ring",
                    help="formula fitted to the rows")
     g.add_argument("--calib-scope", choices=["both", "inter", "intra"], default="both",
@@ -98,7 +100,7 @@ def _us(value: float | None) -> float | None:
 
 def _calibrate(args: argparse.Namespace, sc: Scenario) -> tuple[Scenario, dict]:
     points = select_rows(load_rows(args.calibrate), args.calib_impl, args.calib_compression,
-                         args.calib_ranks)
+                         args.calib_ranks, args.calib_min_mb * 1e6)
     fit = fit_alpha_beta(points, args.calib_algo, impl=args.calib_impl,
                          compression=args.calib_compression)
     print(f"calibration: {fit.n_rows} rows of impl={fit.impl} compression={fit.compression}, "

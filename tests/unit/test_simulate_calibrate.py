@@ -59,3 +59,11 @@ def test_rows_without_world_size_need_calib_ranks():
 def test_missing_impl_names_what_the_file_has():
     with pytest.raises(ValueError, match="gloo"):
         select_rows(_bench_rows(), "hierarchical")
+
+
+def test_min_bytes_keeps_only_large_rows():
+    points = select_rows(_bench_rows(), "flat", min_bytes=1 << 20)
+    assert points and all(n >= 1 << 20 for _, n, _ in points)
+    assert len(points) == 2 * len([k for k in range(10, 27, 2) if 2 ** k >= 1 << 20])
+    with pytest.raises(ValueError, match="bytes"):
+        select_rows(_bench_rows(), "flat", min_bytes=1e12)
