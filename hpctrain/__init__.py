@@ -1,7 +1,33 @@
 """hpctrain: MPI-native data-parallel deep-learning training for supercomputers.
 
-Nothing here imports MPI or torch at import time beyond what a submodule needs; the public
-API is re-exported lazily so `python -m hpctrain --help` stays fast.
+The public API is imported lazily (PEP 562), so ``import hpctrain`` neither initialises MPI nor
+loads torch until a name is used; nothing is printed at import.
 """
+from __future__ import annotations
+
+import importlib
+
 __version__ = "0.1.0"
-__all__ = ["__version__"]
+
+_EXPORTS = {
+    "init": "hpctrain.api", "broadcast_parameters": "hpctrain.api", "allreduce_metrics": "hpctrain.api",
+    "shard_loader": "hpctrain.api", "shard_eval_batches": "hpctrain.api",
+    "DistributedTrainer": "hpctrain.trainer",
+    "Topology": "hpctrain.topology",
+    "LARS": "hpctrain.optim", "make_optimizer": "hpctrain.optim", "lr_at": "hpctrain.optim",
+    "ScheduleSpec": "hpctrain.optim", "spec_from_config": "hpctrain.optim", "LossScaler": "hpctrain.optim",
+    "polish_bn": "hpctrain.polish",
+    "build_model": "hpctrain.models",
+    "Config": "hpctrain.config",
+}
+_RENAMED = {"polish_bn": "recompute_bn_stats"}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'hpctrain' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), _RENAMED.get(name, name))
+    globals()[name] = value
+    return value

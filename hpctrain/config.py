@@ -81,13 +81,47 @@ class CommConfig:
     compression: str = opt("none", "wire compression: none | fp16")
     ranks_per_node: int = opt(0, "emulate K ranks per node (0: real nodes via COMM_TYPE_SHARED)")
     bucket_mb: float = opt(25.0, "fusion bucket size in MB")
-    overlap: bool = opt(True, "start bucket allreduces during backward")
+    overlap: bool = opt(False, "start bucket allreduces during backward")
+
+
+@dataclass
+class SyncConfig:
+    algorithm: str = opt("ssgd", "update algorithm: ssgd (synchronous) | odsgd (one-step delay)")
+    odsgd_warmup_steps: int = opt(200, "OD-SGD: plain SSGD for the first N steps")
+    odsgd_local_lr: float = opt(0.0, "OD-SGD: lr of the local compensating update (0: the global lr)")
+    odsgd_dc_lambda: float = opt(0.0, "OD-SGD: DC-ASGD delay-compensation strength (0: off)")
+    comm_delay_ms: float = opt(0.0, "inject this latency into every gradient allreduce (testing)")
+
+
+@dataclass
+class PrecisionConfig:
+    compute: str = opt("fp32", "compute precision: fp32 | bf16 | fp16 (autocast where supported)")
+    loss_scale: str = opt("none", "loss scaling: none | dynamic | a fixed number")
+    init_scale: float = opt(65536.0, "initial dynamic loss scale")
+    growth_interval: int = opt(2000, "double the dynamic scale after this many clean steps")
+
+
+@dataclass
+class PolishConfig:
+    bn_recompute: bool = opt(False, "Final Polishing: recompute BN statistics on un-augmented training data")
+    bn_batches: int = opt(0, "batches per rank for the BN recompute (0: one full epoch)")
+    unaugmented_epochs: int = opt(0, "Final Polishing: train the last N epochs without augmentation")
+
+
+@dataclass
+class CheckpointConfig:
+    every_steps: int = opt(0, "write a checkpoint every N steps (0: only at the end / on signal)")
+    keep: int = opt(3, "checkpoints kept")
+    dir: str = opt("", "checkpoint directory (default RUN_DIR/checkpoints)")
+    resume: str = opt("", "'auto' (newest valid checkpoint), a checkpoint path, or '' (fresh start)")
 
 
 @dataclass
 class RunConfig:
     run_dir: str = opt("runs/latest", "directory for metrics.jsonl, timeline and checkpoints")
     progress: bool = opt(True, "tqdm progress bar on rank 0")
+    timeline: bool = opt(False, "write a Chrome-trace timeline of every rank's phases")
+    watchdog_s: float = opt(0.0, "report ranks that have not reached a collective after N s (0: off)")
 
 
 @dataclass
@@ -97,6 +131,10 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     comm: CommConfig = field(default_factory=CommConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    polish: PolishConfig = field(default_factory=PolishConfig)
+    ckpt: CheckpointConfig = field(default_factory=CheckpointConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
     def to_dict(self) -> dict:
@@ -184,8 +222,19 @@ def load_toml(cfg: Config, path: str) -> None:
 
 def validate(cfg: Config, world_size: int = 1) -> None:
     """Check values that would otherwise fail later, on some ranks, with a traceback."""
-    t, o, c, d = cfg.train, cfg.optim, cfg.comm, cfg.data
+    t, o, c, d, p = cfg.train, cfg.optim, cfg.comm, cfg.data, cfg.precision
     checks = [
+        (o.name in ("sgd", "lars"), "optim.name", f"must be sgd or lars, got {o.name!r}"),
+        (o.schedule in ("constant", "step", "cosine", "poly"), "optim.schedule",
+         f"must be constant, step, cosine or poly, got {o.schedule!r}"),
+        (o.warmup in ("none", "linear", "hybrid"), "optim.warmup", f"must be none, linear or hybrid, got {o.warmup!r}"),
+        (c.compression in ("none", "fp16"), "comm.compression", f"must be none or fp16, got {c.compression!r}"),
+        (cfg.sync.algorithm in ("ssgd", "odsgd"), "sync.algorithm", f"must be ssgd or odsgd, got {cfg.sync.algorithm!r}"),
+        (p.compute in ("fp32", "bf16", "fp16"), "precision.compute", f"must be fp32, bf16 or fp16, got {p.compute!r}"),
+        (p.loss_scale in ("none", "dynamic") or _is_number(p.loss_scale), "precision.loss_scale",
+         f"must be none, dynamic or a number, got {p.loss_scale!r}"),
+        (cfg.ckpt.every_steps >= 0, "ckpt.every_steps", f"must be >= 0, got {cfg.ckpt.every_steps}"),
+        (cfg.ckpt.keep >= 1, "ckpt.keep", f"must be >= 1, got {cfg.ckpt.keep}"),
         (t.batch_size > 0, "train.batch_size", f"must be positive, got {t.batch_size}"),
         (t.batch_size % world_size == 0, "train.batch_size",
          f"global batch {t.batch_size} is not divisible by {world_size} ranks"),
@@ -207,3 +256,10 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     for ok, key, msg in checks:
         if not ok:
             raise ConfigError(f"config {key}: {msg}")
+
+
+def _is_number(text: str) -> bool:
+    try:
+        return float(text) > 0
+    except ValueError:
+        return False

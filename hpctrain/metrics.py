@@ -36,3 +36,45 @@ def gpu_time(wall_s: float, world_size: int, epochs: float) -> dict:
     """Seed 000's "actual average single-GPU training time" (DESIGN.md): wall × ranks, per epoch."""
     total = wall_s * world_size
     return {"gpu_time_s": total, "avg_single_gpu_time_per_epoch_s": total / epochs if epochs else 0.0}
+
+
+class StepTimer:
+    """Wall time per phase ("data", "forward", "backward", "allreduce", "optimizer", …).
+
+    ``with timer.span("forward"):`` accumulates into the current breakdown; ``sinks`` receive
+    ``(name, start_s, duration_s)`` for every span (a timeline writer is one such sink).
+    """
+
+    def __init__(self, sinks=()):
+        self.totals: dict[str, float] = {}
+        self.sinks = list(sinks)
+
+    def span(self, name: str):
+        return _Span(self, name)
+
+    def add(self, name: str, start_s: float, duration_s: float) -> None:
+        self.totals[name] = self.totals.get(name, 0.0) + duration_s
+        for sink in self.sinks:
+            sink(name, start_s, duration_s)
+
+    def reset(self) -> dict:
+        """Return the breakdown so far and start a new one."""
+        out, self.totals = self.totals, {}
+        return out
+
+
+class _Span:
+    __slots__ = ("timer", "name", "t0")
+
+    def __init__(self, timer: StepTimer, name: str):
+        self.timer, self.name = timer, name
+
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.timer.add(self.name, self.t0, time.perf_counter() - self.t0)
+
+
+NULL_TIMER = StepTimer()

@@ -1,8 +1,7 @@
-"""The training loop: the one place that wires topology, data, model, sync and optimiser together.
+"""The CLI's training job: config → topology → data → model → DistributedTrainer → metrics.
 
-Synchronous data-parallel SGD: every rank computes gradients on its share of the global batch,
-the gradient-sync strategy replaces them by their mean over ranks, and every rank applies the
-same optimiser step, so parameters stay identical (initial ones are broadcast from rank 0).
+The one place that knows every part. The step itself is :class:`DistributedTrainer`'s, the
+same one user scripts call, so the CLI and the library API share one code path.
 """
 from __future__ import annotations
 
@@ -11,18 +10,19 @@ from dataclasses import dataclass
 
 import torch
 from mpi4py import MPI
-from torch import nn
 
 from hpctrain import comm as comm_lib
 from hpctrain.config import Config, ConfigError
 from hpctrain.data import ShardError, ShardLoader, ShardSet, eval_batches, read_index
 from hpctrain.data.builtin import resolve_dataset
 from hpctrain.faults import agree, maybe_inject
-from hpctrain.metrics import MetricsLog, gpu_time
-from hpctrain.models import build_model
-from hpctrain.optim import make_optimizer, set_lr
-from hpctrain.optim.schedules import lr_at, spec_from_config
+from hpctrain.metrics import MetricsLog, StepTimer, gpu_time
+from hpctrain.models import ModelError, build_model
+from hpctrain.optim import make_criterion, make_optimizer
+from hpctrain.optim.loss_scale import LossScaler
+from hpctrain.optim.schedules import spec_from_config
 from hpctrain.topology import Topology
+from hpctrain.trainer import DistributedTrainer
 
 
 @dataclass
@@ -30,13 +30,15 @@ class Job:
     """Everything set up for a run (what :func:`setup` returns)."""
     cfg: Config
     topo: Topology
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
-    sync: comm_lib.GradSync
+    trainer: DistributedTrainer
     loader: ShardLoader
+    train_set: ShardSet
     test_set: ShardSet
-    schedule: object
-    loss_fn: nn.Module
+    timer: StepTimer
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.trainer.model
 
 
 def setup(cfg: Config, comm: MPI.Comm) -> Job:
@@ -46,10 +48,35 @@ def setup(cfg: Config, comm: MPI.Comm) -> Job:
     error, job = None, None
     try:
         job = _build(cfg, topo)
-    except (ConfigError, ShardError, ValueError, OSError, RuntimeError, ImportError) as exc:
+    except (ConfigError, ShardError, ModelError, ValueError, OSError, RuntimeError, ImportError) as exc:
         error = exc
     agree(comm, error)
     return job
+
+
+def make_scaler(p) -> LossScaler | None:
+    if p.loss_scale == "none":
+        return None
+    if p.loss_scale == "dynamic":
+        return LossScaler(init_scale=p.init_scale, growth_interval=p.growth_interval)
+    value = float(p.loss_scale)   # a fixed scale: never grows, never backs off below itself
+    return LossScaler(init_scale=value, growth_interval=2**62, min_scale=value, max_scale=value)
+
+
+def check_model_output(model: torch.nn.Module, sample: torch.Tensor, num_classes: int, name: str) -> None:
+    """One forward on two samples: the output must be (batch, num_classes) logits."""
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        try:
+            out = model(sample)
+        except Exception as exc:
+            raise ModelError(f"model {name!r} fails on input of shape {tuple(sample.shape)}: {exc}") from None
+    model.train(was_training)
+    if not isinstance(out, torch.Tensor) or out.shape != (len(sample), num_classes):
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ModelError(f"model {name!r} outputs {shape} for a batch of {len(sample)}, but the data has "
+                         f"{num_classes} classes (expected ({len(sample)}, {num_classes}))")
 
 
 def _build(cfg: Config, topo: Topology) -> Job:
@@ -67,22 +94,27 @@ def _build(cfg: Config, topo: Topology) -> Job:
         raise ConfigError(f"config train.batch_size: global batch {cfg.train.batch_size} is larger than "
                           f"the {train_set.num_samples} training samples")
     torch.manual_seed(cfg.train.seed)
-    model = build_model(cfg.model.name, num_classes=index.num_classes, in_channels=index.sample_shape[0],
-                        batchnorm=cfg.model.batchnorm, zero_init_residual=cfg.model.zero_init_residual)
-    comm_lib.broadcast_module(model, topo.comm)
+    m = cfg.model
+    model = build_model(m.name, num_classes=index.num_classes, in_channels=index.sample_shape[0],
+                        batchnorm=m.batchnorm, zero_init_residual=m.zero_init_residual)
+    sample = next(iter(eval_batches(train_set, rank=0, size=1, batch_size=2)))[0]
+    check_model_output(model, sample, index.num_classes, m.name)
     o = cfg.optim
     optimizer = make_optimizer(model, o.name, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay,
                                nesterov=o.nesterov, eta=o.lars_eta, eps=o.lars_eps,
                                exclude_1d=o.lars_exclude_1d, clip=o.lars_clip)
-    sync = comm_lib.create(cfg.comm.strategy, model.parameters(), topo,
-                           bucket_bytes=int(cfg.comm.bucket_mb * 2**20))
     schedule = spec_from_config(lr=o.lr, global_batch=cfg.train.batch_size, steps_per_epoch=loader.steps,
                                 epochs=cfg.train.epochs, warmup_epochs=o.warmup_epochs, kind=o.schedule,
                                 warmup=o.warmup, optimizer=o.name, base_batch=o.base_batch,
                                 scale_lr=o.scale_lr, poly_power=o.poly_power, end_lr=o.end_lr,
                                 step_epochs=o.step_epochs, step_gamma=o.step_gamma)
-    loss_fn = nn.CrossEntropyLoss(label_smoothing=o.label_smoothing)
-    return Job(cfg, topo, model, optimizer, sync, loader, test_set, schedule, loss_fn)
+    timer = StepTimer()
+    trainer = DistributedTrainer(model, optimizer, topo, strategy=cfg.comm.strategy,
+                                 compression=cfg.comm.compression, bucket_mb=cfg.comm.bucket_mb,
+                                 overlap=cfg.comm.overlap, algorithm=cfg.sync.algorithm,
+                                 schedule=schedule, loss_fn=make_criterion(o.label_smoothing),
+                                 compute=cfg.precision.compute, scaler=make_scaler(cfg.precision), timer=timer)
+    return Job(cfg, topo, trainer, loader, train_set, test_set, timer)
 
 
 def evaluate(job: Job, batch_size: int = 256) -> dict:
@@ -93,7 +125,7 @@ def evaluate(job: Job, batch_size: int = 256) -> dict:
     with torch.no_grad():
         for x, y in eval_batches(job.test_set, rank=topo.rank, size=topo.size, batch_size=batch_size):
             out = model(x)
-            loss_sum += float(nn.functional.cross_entropy(out, y, reduction="sum"))
+            loss_sum += float(torch.nn.functional.cross_entropy(out, y, reduction="sum"))
             correct += float((out.argmax(1) == y).sum())
             count += len(y)
     model.train()
@@ -101,22 +133,23 @@ def evaluate(job: Job, batch_size: int = 256) -> dict:
     return {"test_accuracy": correct / count, "test_loss": loss_sum / count, "test_samples": int(count)}
 
 
-def train_step(job: Job, x: torch.Tensor, y: torch.Tensor, lr: float) -> torch.Tensor:
-    """One synchronous step: forward, backward, gradient mean over ranks, optimiser update."""
-    set_lr(job.optimizer, lr)
-    job.optimizer.zero_grad(set_to_none=False)
-    loss = job.loss_fn(job.model(x), y)
-    loss.backward()
-    job.sync.allreduce_grads()
-    job.optimizer.step()
-    return loss.detach()
+def timed_batches(batches, timer: StepTimer):
+    """Yield from ``batches``, timing each wait as the "data" phase."""
+    it = iter(batches)
+    while True:
+        with timer.span("data"):
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+        yield item
 
 
 def run(cfg: Config, comm: MPI.Comm) -> dict:
     """Train and evaluate; returns the summary (identical on every rank)."""
     t0 = time.perf_counter()
     job = setup(cfg, comm)
-    topo, loader = job.topo, job.loader
+    topo, loader, trainer = job.topo, job.loader, job.trainer
     is_root = topo.rank == 0
     log = MetricsLog(cfg.run.run_dir, enabled=is_root)
     log.log("config", config=cfg.to_dict(), world_size=topo.size, topology=topo.describe(),
@@ -128,40 +161,48 @@ def run(cfg: Config, comm: MPI.Comm) -> dict:
     if is_root and cfg.run.progress:
         from tqdm import tqdm
         bar = tqdm(total=total_steps, desc=f"train x{topo.size}", unit="step", dynamic_ncols=True)
-    step, samples, t_train = 0, 0, time.perf_counter()
+    samples, skipped, t_train, breakdown = 0, 0, time.perf_counter(), {}
     for epoch in range(cfg.train.epochs):
         t_epoch, loss_sum, n = time.perf_counter(), torch.zeros(()), 0
-        for x, y in loader.epoch(epoch):
-            if step >= total_steps:
+        for x, y in timed_batches(loader.epoch(epoch), job.timer):
+            if trainer.step_count >= total_steps:
                 break
-            maybe_inject(topo.rank, step)
-            lr = lr_at(step, job.schedule)
-            loss_sum += train_step(job, x, y, lr)
+            maybe_inject(topo.rank, trainer.step_count)
+            lr = trainer.lr()
+            result = trainer.step(x, y)
+            loss_sum += result.loss
+            skipped += result.skipped
             n += 1
-            step += 1
             samples += loader.global_batch
             if bar:
                 bar.update(1)
                 bar.set_postfix(loss=f"{float(loss_sum) / n:.3f}", lr=f"{lr:.3g}", refresh=False)
-        mean_loss = float(comm_lib.allreduce_sum([float(loss_sum), n], topo.comm)[0]) / max(n * topo.size, 1)
-        rec = {"epoch": epoch, "step": step, "train_loss": mean_loss, "lr": lr_at(max(step - 1, 0), job.schedule),
-               "epoch_s": time.perf_counter() - t_epoch}
+        phases = job.timer.reset()
+        for k, v in phases.items():
+            breakdown[k] = breakdown.get(k, 0.0) + v
+        loss_total = comm_lib.allreduce_sum([float(loss_sum), n], topo.comm)
+        rec = {"epoch": epoch, "step": trainer.step_count, "train_loss": loss_total[0] / max(loss_total[1], 1),
+               "lr": lr, "epoch_s": time.perf_counter() - t_epoch, "phases_s": phases}
         if cfg.train.eval_every and (epoch + 1) % cfg.train.eval_every == 0:
             rec.update(evaluate(job))
         log.log("epoch", **rec)
-        if step >= total_steps:
+        if trainer.step_count >= total_steps:
             break
+    trainer.finish()
     train_s = time.perf_counter() - t_train
     if bar:
         bar.close()
     result = evaluate(job)
     wall_s = time.perf_counter() - t0
-    epochs_done = step / loader.steps
+    steps = trainer.step_count
+    epochs_done = steps / loader.steps
     summary = log.log("summary", **result, samples_per_s=samples / train_s, wall_s=wall_s, train_s=train_s,
-                      world_size=topo.size, steps=step, epochs=epochs_done, global_batch=loader.global_batch,
-                      strategy=cfg.comm.strategy, compression=cfg.comm.compression,
+                      world_size=topo.size, steps=steps, epochs=epochs_done, global_batch=loader.global_batch,
+                      skipped_steps=int(skipped), strategy=cfg.comm.strategy, compression=cfg.comm.compression,
+                      algorithm=cfg.sync.algorithm, phases_s=breakdown,
+                      data_wait_share=breakdown.get("data", 0.0) / train_s if train_s else 0.0,
                       **gpu_time(wall_s, topo.size, epochs_done))
     log.close()
-    job.sync.close()
+    trainer.close()
     topo.close()
     return summary

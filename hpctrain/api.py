@@ -1,0 +1,63 @@
+"""Helpers for user scripts: ``init``, metric reduction and a shard loader factory.
+
+``mpiexec -n N python my_train.py`` with::
+
+    topo = hpctrain.init()                                   # instead of hvd.init()
+    trainer = hpctrain.DistributedTrainer(model, opt, topo)  # instead of DistributedOptimizer / DDP
+    for x, y in hpctrain.shard_loader("data/mine", topo, batch_size=256).epoch(epoch):
+        trainer.step(x, y)
+"""
+from __future__ import annotations
+
+import torch
+from mpi4py import MPI
+
+from hpctrain.comm.collectives import allreduce_sum, broadcast_module
+from hpctrain.data import ShardLoader, ShardSet, eval_batches, read_index
+from hpctrain.faults import install_abort_hook
+from hpctrain.topology import Topology
+
+
+def init(comm: MPI.Comm | None = None, ranks_per_node: int = 0, threads: int | None = 1,
+         abort_on_error: bool = True) -> Topology:
+    """Set up a rank: topology (node-local / inter-node communicators), abort hook, threads.
+
+    ``comm`` defaults to ``MPI.COMM_WORLD`` (a script is an entry point); ``ranks_per_node``
+    emulates nodes on one host. With ``abort_on_error`` an uncaught exception on any rank ends
+    the whole job instead of leaving the other ranks blocked.
+    """
+    comm = MPI.COMM_WORLD if comm is None else comm
+    if abort_on_error:
+        install_abort_hook(comm)
+    if threads:
+        torch.set_num_threads(threads)
+    return Topology.create(comm, ranks_per_node)
+
+
+def broadcast_parameters(model: torch.nn.Module, comm: MPI.Comm, root: int = 0) -> None:
+    """Make every rank's parameters and buffers equal to ``root``'s."""
+    broadcast_module(model, comm, root)
+
+
+def allreduce_metrics(metrics: dict, comm: MPI.Comm, average: bool = True) -> dict:
+    """Sum (or average) a dict of scalar metrics over ranks; every rank gets the result."""
+    keys = sorted(metrics)
+    total = allreduce_sum([float(metrics[k]) for k in keys], comm)
+    if average:
+        total = total / comm.Get_size()
+    return dict(zip(keys, total.tolist()))
+
+
+def shard_loader(directory: str, topology: Topology, batch_size: int, *, split: str = "train",
+                 seed: int = 0, **options) -> ShardLoader:
+    """Per-rank training batches of ``batch_size`` (per rank) from any shard directory."""
+    shards = ShardSet(read_index(directory), split)
+    shards.check()
+    return ShardLoader(shards, rank=topology.rank, size=topology.size, batch_size=batch_size,
+                       seed=seed, **options)
+
+
+def shard_eval_batches(directory: str, topology: Topology, batch_size: int = 256, split: str = "test"):
+    """This rank's contiguous share of an evaluation split."""
+    shards = ShardSet(read_index(directory), split)
+    return eval_batches(shards, rank=topology.rank, size=topology.size, batch_size=batch_size)

@@ -1,0 +1,97 @@
+"""The library API's centre: make a user's model and optimiser data-parallel over MPI.
+
+``DistributedTrainer`` composes (it does not subclass or proxy) a ``torch.nn.Module``, a
+``torch.optim.Optimizer``, a gradient-sync strategy (``hpctrain.comm``) and an update
+algorithm (``hpctrain.sync``). Call :meth:`step` for a whole step; a loop that must stay its
+own can instead call ``trainer.sync.allreduce_grads()`` between its ``backward()`` and its
+``optimizer.step()``. The CLI's training loop (``hpctrain.train``) is built on this class.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable
+
+import torch
+from torch import nn
+
+from hpctrain import comm as comm_lib
+from hpctrain import sync as sync_lib
+from hpctrain.metrics import NULL_TIMER, StepTimer
+from hpctrain.optim import set_lr
+from hpctrain.optim.schedules import ScheduleSpec, lr_at
+from hpctrain.topology import Topology
+
+AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class DistributedTrainer:
+    """Data-parallel training of ``model`` with ``optimizer`` over ``topology.comm``.
+
+    On construction the parameters and buffers of rank 0 are broadcast, so every replica
+    starts identical. ``step(x, y)`` sets the learning rate from ``schedule`` (if given), runs
+    forward/backward under autocast (``compute``), synchronises gradients and updates.
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, topology: Topology, *,
+                 strategy: str = "flat", compression: str = "none", bucket_mb: float = 25.0,
+                 overlap: bool = False, algorithm: str = "ssgd", algorithm_options: dict | None = None,
+                 schedule: ScheduleSpec | None = None, loss_fn: Callable | None = None,
+                 compute: str = "fp32", scaler=None, timer: StepTimer = NULL_TIMER):
+        if compute not in AUTOCAST_DTYPES:
+            raise ValueError(f"precision.compute: unknown {compute!r} (choose from {', '.join(AUTOCAST_DTYPES)})")
+        self.model, self.optimizer, self.topo = model, optimizer, topology
+        self.schedule, self.timer = schedule, timer
+        self.loss_fn = loss_fn or nn.CrossEntropyLoss()
+        self.compute = compute
+        comm_lib.broadcast_module(model, topology.comm)
+        sync_kwargs = {"bucket_bytes": int(bucket_mb * 2**20)}
+        if compression != "none" or overlap:
+            sync_kwargs.update(compression=compression, overlap=overlap)
+        self.sync = comm_lib.create(strategy, model.parameters(), topology, **sync_kwargs)
+        self.algo = sync_lib.create(algorithm, model, optimizer, self.sync, scaler=scaler, timer=timer,
+                                    **(algorithm_options or {}))
+        self.step_count = 0
+
+    def autocast(self):
+        """Mixed-precision compute context (FP32 master weights stay in the optimiser)."""
+        dtype = AUTOCAST_DTYPES[self.compute]
+        if dtype is None:
+            return contextlib.nullcontext()
+        device = next(self.model.parameters()).device.type
+        return torch.autocast(device_type=device, dtype=dtype)
+
+    def lr(self) -> float | None:
+        return lr_at(self.step_count, self.schedule) if self.schedule is not None else None
+
+    def step(self, x: torch.Tensor, y: torch.Tensor):
+        """One training step on this rank's share of the global batch; returns a StepResult."""
+        lr = self.lr()
+        if lr is not None:
+            set_lr(self.optimizer, lr)
+
+        def compute_loss():
+            with self.autocast():
+                return self.loss_fn(self.model(x), y)
+
+        result = self.algo.step(compute_loss)
+        self.step_count += 1
+        return result
+
+    def finish(self) -> None:
+        """Complete any update still in flight (OD-SGD's pending global step)."""
+        done = getattr(self.algo, "finish", None)
+        if done is not None:
+            done()
+
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "algorithm": self.algo.state_dict(), "step": self.step_count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.algo.load_state_dict(state["algorithm"])
+        self.step_count = int(state["step"])
+
+    def close(self) -> None:
+        self.sync.close()
