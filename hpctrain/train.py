@@ -5,6 +5,7 @@ same one user scripts call, so the CLI and the library API share one code path.
 """
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ from hpctrain.models import ModelError, build_model
 from hpctrain.optim import make_criterion, make_optimizer
 from hpctrain.optim.loss_scale import LossScaler
 from hpctrain.optim.schedules import spec_from_config
+from hpctrain.polish import recompute_bn_stats
 from hpctrain.topology import Topology
 from hpctrain.trainer import DistributedTrainer
 
@@ -133,6 +135,17 @@ def evaluate(job: Job, batch_size: int = 256) -> dict:
     return {"test_accuracy": correct / count, "test_loss": loss_sum / count, "test_samples": int(count)}
 
 
+def polish(job: Job) -> dict:
+    """Final Polishing: BN statistics recomputed on un-augmented training data, then re-evaluated."""
+    cfg = job.cfg
+    batches = job.loader.epoch(cfg.train.epochs)   # no augmentation in the loader yet
+    if cfg.polish.bn_batches:
+        batches = itertools.islice(batches, cfg.polish.bn_batches)
+    with job.timer.span("polish"):
+        recompute_bn_stats(job.model, batches, job.topo.comm)
+    return evaluate(job)
+
+
 def timed_batches(batches, timer: StepTimer):
     """Yield from ``batches``, timing each wait as the "data" phase."""
     it = iter(batches)
@@ -193,6 +206,8 @@ def run(cfg: Config, comm: MPI.Comm) -> dict:
     if bar:
         bar.close()
     result = evaluate(job)
+    if cfg.polish.bn_recompute:
+        result = {**polish(job), "test_accuracy_before_polish": result["test_accuracy"]}
     wall_s = time.perf_counter() - t0
     steps = trainer.step_count
     epochs_done = steps / loader.steps

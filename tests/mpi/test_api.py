@@ -1,0 +1,76 @@
+"""The library API: a user's own model through DistributedTrainer on N ranks equals one process
+training on the N× global batch, for SGD and for LARS (the Foundation equivalence, via the API)."""
+import pytest
+import torch
+from mpi4py import MPI
+
+import hpctrain
+
+STEPS, PER_RANK = 4, 3
+
+
+class UserNet(torch.nn.Module):
+    """A model hpctrain has never seen: 1-D inputs, two layers with biases."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(12, 16)
+        self.fc2 = torch.nn.Linear(16, 5)
+
+    def forward(self, x):
+        return self.fc2(torch.tanh(self.fc1(x)))
+
+
+def batches(world):
+    g = torch.Generator().manual_seed(99)
+    for _ in range(STEPS):
+        yield (torch.randn(world * PER_RANK, 12, generator=g, dtype=torch.float64),
+               torch.randint(0, 5, (world * PER_RANK,), generator=g))
+
+
+def build(optimizer):
+    torch.manual_seed(3)
+    model = UserNet().double()
+    opt = hpctrain.make_optimizer(model, optimizer, lr=0.05, momentum=0.9, weight_decay=1e-3, eta=0.01)
+    return model, opt
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("optimizer", ["sgd", "lars"])
+def test_api_equals_single_process(optimizer):
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    topo = hpctrain.init(comm, abort_on_error=False)
+    model, opt = build(optimizer)
+    spec = hpctrain.ScheduleSpec(peak_lr=0.05, warmup_steps=2, total_steps=STEPS, kind="cosine")
+    trainer = hpctrain.DistributedTrainer(model, opt, topo, schedule=spec)
+    for x, y in batches(size):
+        sl = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
+        trainer.step(x[sl], y[sl])
+    trainer.close()
+
+    ref, ref_opt = build(optimizer)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    for step, (x, y) in enumerate(batches(size)):
+        for g in ref_opt.param_groups:
+            g["lr"] = hpctrain.lr_at(step, spec)
+        ref_opt.zero_grad()
+        loss_fn(ref(x), y).backward()
+        ref_opt.step()
+    with torch.no_grad():
+        diff = max(float((a - b).abs().max()) for a, b in zip(model.parameters(), ref.parameters()))
+    assert diff <= 1e-10, diff
+    topo.close()
+
+
+@pytest.mark.mpi
+def test_allreduce_metrics_and_broadcast():
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    out = hpctrain.allreduce_metrics({"loss": rank, "n": 1}, comm)
+    assert out == {"loss": (size - 1) / 2, "n": 1.0}
+    assert hpctrain.allreduce_metrics({"n": 2}, comm, average=False) == {"n": 2.0 * size}
+    torch.manual_seed(rank)
+    m = UserNet()
+    hpctrain.broadcast_parameters(m, comm)
+    assert len(set(comm.allgather(float(m.fc1.weight.sum())))) == 1

@@ -1,0 +1,62 @@
+"""Mixed precision: an inf gradient on ONE rank skips the step on EVERY rank and halves the scale."""
+import pytest
+import torch
+from mpi4py import MPI
+
+from hpctrain import comm as comm_lib
+from hpctrain.optim.loss_scale import LossScaler
+from hpctrain.sync import SSGD
+from hpctrain.topology import Topology
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("strategy", sorted(comm_lib.STRATEGIES))
+def test_overflow_on_one_rank_skips_everywhere(strategy):
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    comm_lib.broadcast_module(model, comm)
+    topo = Topology.create(comm)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    scaler = LossScaler(init_scale=1024.0, growth_interval=1000)
+    algo = SSGD(model, opt, comm_lib.create(strategy, model.parameters(), topo), scaler=scaler)
+    x, y = torch.randn(2, 4), torch.tensor([0, 2])
+    bad_rank = size - 1
+
+    def loss_fn():
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        return loss * float("inf") if rank == bad_rank else loss
+
+    before = [p.detach().clone() for p in model.parameters()]
+    result = algo.step(loss_fn)
+    assert result.skipped
+    assert scaler.scale == 512.0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    # a clean step afterwards is applied, everywhere, and weights stay finite and identical
+    result = algo.step(lambda: torch.nn.functional.cross_entropy(model(x), y))
+    assert not result.skipped and scaler.scale == 512.0
+    assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert len(set(comm.allgather(comm_lib.checksum(model.parameters())))) == 1
+    algo.sync.close()
+    topo.close()
+
+
+@pytest.mark.mpi
+def test_scaled_step_equals_unscaled_step():
+    """Loss scaling must not change the update when nothing overflows."""
+    comm = MPI.COMM_WORLD
+    topo = Topology.create(comm)
+    results = []
+    for scaler in (None, LossScaler(init_scale=2.0**10)):
+        torch.manual_seed(1)
+        model = torch.nn.Linear(4, 3).double()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        algo = SSGD(model, opt, comm_lib.create("flat", model.parameters(), topo), scaler=scaler)
+        x = torch.randn(5, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(comm.Get_rank()))
+        algo.step(lambda: torch.nn.functional.cross_entropy(model(x), torch.tensor([0, 1, 2, 0, 1])))
+        results.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+        algo.sync.close()
+    assert torch.allclose(results[0], results[1], rtol=0, atol=1e-14)
+    topo.close()
