@@ -20,7 +20,10 @@ def family(x):
 
 
 def common_family(arrays, what):
-    kinds = {family(a) for a in arrays}
+    if all(isinstance(a, torch.Tensor) for a in arrays):  # fast path: one device query per device
+        kinds = {family(a) for a in {a.device: a for a in arrays}.values()}
+    else:
+        kinds = {family(a) for a in arrays}
     if len(kinds) > 1:
         raise TypeError(f"{what}: mixed array kinds {sorted(kinds)}; pass one kind")
     return kinds.pop()
@@ -39,8 +42,14 @@ def is_contiguous(x):
     return x.is_contiguous() if isinstance(x, torch.Tensor) else bool(x.flags.c_contiguous)
 
 
+_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16}
+
+
 def check_tensors(tensors, dtype, what):
+    want = _TORCH_DTYPES[dtype]
     for i, t in enumerate(tensors):
+        if isinstance(t, torch.Tensor) and t.dtype is want and t.is_contiguous():
+            continue  # fast path for the common case
         check_dtype(t, dtype, f"{what}[{i}]")
         if not is_contiguous(t):
             raise ValueError(f"{what}[{i}] must be contiguous")
@@ -55,7 +64,9 @@ def check_flat(buf, dtype, total, what):
 
 
 def check_one_device(arrays, what):
-    devices = {str(a.device) for a in arrays if hasattr(a, "device")}
+    found = {a.device if isinstance(a, torch.Tensor) else str(a.device)  # CuPy: by name
+             for a in arrays if hasattr(a, "device")}
+    devices = {str(d) for d in found}
     if len(devices) > 1:
         raise ValueError(f"{what}: arrays on several devices {sorted(devices)}")
 

@@ -11,6 +11,7 @@ import torch
 
 from . import _runtime
 from ._prelude import PRELUDE
+from ._segments import segments
 
 KERNEL_NAME = "hpc_pack_fp16"
 
@@ -32,8 +33,13 @@ extern "C" __global__ void hpc_pack_fp16(const hpc_i64* table, int n_tensors,
 """
 
 CHUNK_ELEMS_CPU = 1 << 17
-"""Elements scaled per step on CPU: the fp32 scratch (512 KiB) stays in L2 between the
-multiply and the fp16 cast, so each byte crosses memory once."""
+"""Elements scaled per step: the fp32 scratch (512 KiB) stays in L2 between the multiply, the
+fp16 cast and the overflow test, so each input byte crosses memory once."""
+
+SAFE_SQ_SUM = 0.5 * 65520.0**2
+"""A chunk whose fp32 sum of squares is below this cannot hold |v| >= 65520 (the fp16 overflow
+threshold under round-to-nearest-even), even allowing 50% rounding error in the sum (the real
+error is below n * 2**-24 < 1% for a chunk). NaN and inf sums fail the test too."""
 
 
 def nonfinite_flag(buf):
@@ -48,29 +54,43 @@ def nonfinite_flag(buf):
     return ~(torch.isfinite(lo) & torch.isfinite(hi))
 
 
+def _pack_chunks(tensors, out, scale):
+    """Write `out` segment by segment; yield each `(scaled fp32 values, fp16 values)` written."""
+    scratch = torch.empty(min(CHUNK_ELEMS_CPU, out.numel()), dtype=torch.float32, device=out.device)
+    for offset, n, parts in segments(tensors, CHUNK_ELEMS_CPU):
+        tmp = scratch[:n]
+        if len(parts) > 1:  # a run of small tensors: gather once, then scale in place
+            scaled = torch.cat(parts, out=tmp)
+            if scale != 1.0:
+                scaled.mul_(scale)
+        elif scale != 1.0:  # scale in fp32, then round: overflow is judged after scaling
+            scaled = torch.mul(parts[0], scale, out=tmp)
+        else:
+            scaled = parts[0]
+        packed = out[offset:offset + n]
+        packed.copy_(scaled)  # vectorised fp32 -> fp16 rounding (NumPy's astype is scalar)
+        yield scaled, packed
+
+
 @torch.no_grad()
 def reference(tensors, out, scale):
-    """torch reference (any device): returns a 0-d bool tensor on `out`'s device."""
+    """torch reference (any device): returns a 0-d bool tensor on `out`'s device.
+
+    On the CPU each chunk is screened while in cache with one BLAS `dot` (sum of squares below
+    `SAFE_SQ_SUM` proves it finite); only a chunk failing the screen is tested exactly for
+    inf/NaN in its fp16 values. Elsewhere the whole buffer is tested once, on the device.
+    """
     scale = float(scale)
-    largest = max((t.numel() for t in tensors), default=0)
-    scratch = None
-    if scale != 1.0 and largest:
-        scratch = torch.empty(min(largest, CHUNK_ELEMS_CPU), dtype=torch.float32, device=out.device)
-    offset = 0
-    for t in tensors:
-        src = t.reshape(-1)
-        n = src.numel()
-        dst = out[offset:offset + n]
-        offset += n
-        if scratch is None:
-            dst.copy_(src)  # vectorised fp32 -> fp16 rounding (NumPy's astype is scalar here)
-            continue
-        for begin in range(0, n, CHUNK_ELEMS_CPU):
-            end = min(begin + CHUNK_ELEMS_CPU, n)
-            tmp = scratch[:end - begin]
-            torch.mul(src[begin:end], scale, out=tmp)
-            dst[begin:end].copy_(tmp)
-    return nonfinite_flag(out)
+    chunks = _pack_chunks(tensors, out, scale)
+    if out.device.type != "cpu":
+        for _ in chunks:
+            pass
+        return nonfinite_flag(out)
+    overflow = False
+    for scaled, packed in chunks:
+        if not overflow and not float(torch.dot(scaled, scaled)) < SAFE_SQ_SUM:
+            overflow = bool(nonfinite_flag(packed))
+    return torch.tensor(overflow)
 
 
 def cuda(tensors, out, scale):

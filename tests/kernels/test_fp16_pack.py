@@ -111,3 +111,14 @@ def test_bad_arguments_raise(bad, error):
     out = torch.empty(18, dtype=torch.float16)
     with pytest.raises(error):
         kernels.pack_fp16(*bad(ts, out), 1.0)
+
+
+def test_large_finite_values_pass_the_exact_check():
+    """Chunks whose sum of squares fails the cheap screen are tested exactly, not flagged."""
+    a = np.full((1 << 18) + 5, 65_000.0, np.float32)
+    a[::3] = -60_000.0
+    out, flag = run_pack([a], 1.0)
+    fp16_bits_equal(out, numpy_pack([a], 1.0))
+    assert fp16_pack.SAFE_SQ_SUM < float(np.dot(a[:1000], a[:1000])) and not bool(flag)
+    a[-1] = 65_520.0  # the only overflow, in the last chunk, after screened-out chunks
+    assert bool(run_pack([a], 1.0)[1])
