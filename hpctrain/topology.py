@@ -25,6 +25,12 @@ class Topology:
     node: int               # my node's index, 0..n_nodes-1
     n_nodes: int
     emulated: bool          # True when nodes are emulated by ranks_per_node
+    node_sizes: tuple = ()  # ranks on each node, by node index (the last may be smaller)
+
+    @property
+    def min_local_size(self) -> int:
+        """Ranks on the smallest node: how many local ranks have a peer on every node."""
+        return min(self.node_sizes) if self.node_sizes else self.local_size
 
     @classmethod
     def create(cls, comm: MPI.Comm, ranks_per_node: int = 0) -> "Topology":
@@ -37,12 +43,14 @@ class Topology:
         local_rank, local_size = intra.Get_rank(), intra.Get_size()
         # A node's index: order nodes by their lowest world rank.
         leader = intra.bcast(rank, root=0)
-        leaders = sorted(set(comm.allgather(leader)))
+        all_leaders = comm.allgather(leader)
+        leaders = sorted(set(all_leaders))
         node = leaders.index(leader)
         inter = comm.Split(color=local_rank, key=node)
         return cls(comm=comm, intra=intra, inter=inter, rank=rank, size=size,
                    local_rank=local_rank, local_size=local_size, node=node,
-                   n_nodes=len(leaders), emulated=bool(ranks_per_node))
+                   n_nodes=len(leaders), emulated=bool(ranks_per_node),
+                   node_sizes=tuple(all_leaders.count(ld) for ld in leaders))
 
     def close(self) -> None:
         """Free the split communicators (the world communicator is the caller's)."""

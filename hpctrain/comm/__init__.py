@@ -1,16 +1,36 @@
-"""Gradient synchronisation strategies, chosen by name (``comm.strategy``).
+"""Gradient synchronisation strategies, chosen by name (``comm.strategy``), composed with a wire
+compression (``comm.compression``).
 
-========  ====================================================================================
-name      when to use it
-========  ====================================================================================
-flat      one MPI Allreduce per fusion bucket; single node or a uniform network
-========  ====================================================================================
+============  ==============================================================================
+strategy      when to use it
+============  ==============================================================================
+flat          every rank a peer: ring allreduce per fusion bucket (MPI ``Iallreduce`` below
+              64 KiB). Use on one node without shared memory between ranks, on a uniform
+              network, or as the reference.
+hierarchical  many ranks per node: the node level sums through an MPI-3 shared-memory window
+              (no messages), then one allreduce per slice across nodes. Use whenever nodes hold
+              more than one rank; on a single node it is the fastest (pure memory traffic).
+============  ==============================================================================
+
+============  ==============================================================================
+compression   when to use it
+============  ==============================================================================
+none          exact fp32/fp64 sums; the default.
+fp16          bandwidth-bound networks: half the bytes on the wire, pre-divided by the world
+              size, fp32 accumulation; ~1e-3 relative error. Only what crosses the wire is
+              compressed (nothing, for ``hierarchical`` on one node). float32 gradients only.
+============  ==============================================================================
+
+``create(name, params, topology, *, bucket_bytes, compression="none", overlap=False)``; the
+training loop calls ``sync.allreduce_grads() -> found_inf`` or ``sync.begin()`` / ``sync.finish()``.
 """
 from __future__ import annotations
 
 from hpctrain.comm.base import Bucket, GradSync, make_buckets
 from hpctrain.comm.collectives import allreduce_sum, broadcast_module, broadcast_tensors, checksum
+from hpctrain.comm.compression import COMPRESSIONS
 from hpctrain.comm.flat import FlatSync
+from hpctrain.comm.hierarchical import HierarchicalSync
 
 STRATEGIES: dict[str, type[GradSync]] = {}
 
@@ -22,10 +42,16 @@ def register(cls: type[GradSync]) -> type[GradSync]:
 
 
 register(FlatSync)
+register(HierarchicalSync)
 
 
 def create(name: str, params, topology, **kwargs) -> GradSync:
-    """Build the strategy called ``name``; a ValueError names the valid choices."""
+    """Build the strategy called ``name`` (collective over ``topology.comm``).
+
+    Keywords: ``bucket_bytes`` (fusion bucket size), ``compression`` (``none`` | ``fp16``),
+    ``overlap`` (start bucket reductions from gradient hooks during backward).
+    A ValueError names the valid choices.
+    """
     try:
         cls = STRATEGIES[name]
     except KeyError:
@@ -33,5 +59,6 @@ def create(name: str, params, topology, **kwargs) -> GradSync:
     return cls(params, topology, **kwargs)
 
 
-__all__ = ["Bucket", "GradSync", "make_buckets", "STRATEGIES", "register", "create", "FlatSync",
+__all__ = ["Bucket", "GradSync", "make_buckets", "STRATEGIES", "COMPRESSIONS", "register", "create",
+           "FlatSync", "HierarchicalSync",
            "allreduce_sum", "broadcast_module", "broadcast_tensors", "checksum"]

@@ -1,9 +1,23 @@
 """Gradient synchronisation: the interface every strategy implements, and the shared bucket code.
 
-A strategy sums a flat float buffer across ranks (``reduce_bucket``); everything else — grouping
-parameters into fusion buckets in reverse order of use, copying gradients in and out, averaging —
-lives here once (ChainerMN keeps the MPI plumbing in its base communicator the same way).
-Buffers are allocated once at construction: the hot path allocates nothing.
+A strategy provides :meth:`GradSync.reduce_bucket`, a generator that turns ``bucket.flat`` (this
+rank's gradients) into ``bucket.result`` (their mean over ranks) and returns the overflow flag
+(see :mod:`hpctrain.comm.progress` for why a generator). Everything else lives here once:
+fusion buckets in reverse order of use, copying gradients in and out, the overlap hooks, the
+``begin``/``finish`` split (ChainerMN keeps the MPI plumbing in its base communicator the same
+way). Buffers are allocated once at construction; the hot path allocates nothing.
+
+Round protocol: ``begin()`` starts every bucket not started yet; ``finish()`` waits for all and
+optionally writes the means into ``p.grad``; ``allreduce_grads()`` is the two in a row. With
+``overlap=True`` a post-accumulate-grad hook starts a bucket during backward as soon as all its
+parameters have their gradient, and every hook call polls the buckets in flight.
+
+A second backward before ``finish()``: a started bucket already copied its gradients out of
+``p.grad``, and autograd only ever writes ``p.grad``, so buffers in flight are never touched;
+the new gradients accumulate in ``p.grad`` only and are *not* part of this round (a bucket is
+reduced once per round). ``finish(scatter=True)`` then overwrites them with the round's means;
+``finish(scatter=False)`` leaves them in ``p.grad`` for the next round. Buckets not yet started
+when the second backward runs carry the accumulated gradients.
 """
 from __future__ import annotations
 
@@ -12,7 +26,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from hpctrain.comm import compression as compression_lib
+from hpctrain.comm.progress import Pending
 from hpctrain.topology import Topology
+
+DEFAULT_BUCKET_BYTES = 25 * 2**20
 
 
 @dataclass
@@ -20,8 +38,10 @@ class Bucket:
     """Parameters whose gradients travel together in one flat buffer."""
     params: list            # torch.nn.Parameter, in bucket order
     offsets: list           # element offset of each parameter in ``flat``
-    flat: torch.Tensor      # 1-D buffer, dtype of the parameters
+    flat: torch.Tensor      # 1-D buffer of this rank's gradients, dtype of the parameters
     index: int
+    result: torch.Tensor = None   # 1-D mean over ranks after a round; may alias ``flat``
+                                  # (flat) or shared memory (hierarchical): treat as read-only
 
     @property
     def n_elems(self) -> int:
@@ -39,20 +59,22 @@ class Bucket:
     def scatter_grads(self) -> None:
         """Copy the reduced buffer back into each parameter's gradient."""
         for p, off in zip(self.params, self.offsets):
-            src = self.flat[off:off + p.numel()].view_as(p)
+            src = self.result[off:off + p.numel()].view_as(p)
             if p.grad is None:
                 p.grad = src.clone()
             else:
                 p.grad.copy_(src)
 
 
-def make_buckets(params, bucket_bytes: int) -> list[Bucket]:
+def make_buckets(params, bucket_bytes: int, alloc=None) -> list[Bucket]:
     """Group parameters into buckets of about ``bucket_bytes``, last-used (last-defined) first.
 
     Backward produces gradients roughly in reverse definition order, so reversing lets the first
     bucket be complete earliest (PyTorch DDP and Horovod fuse the same way). Parameters of a
-    different dtype start a new bucket.
+    different dtype start a new bucket. ``alloc(n_elems, dtype, index)`` provides each flat
+    buffer (default: a fresh zeroed tensor; the hierarchical strategy hands out window memory).
     """
+    alloc = alloc or (lambda n, dtype, i: torch.zeros(n, dtype=dtype))
     buckets, cur, cur_bytes = [], [], 0
     for p in reversed(list(params)):
         n_bytes = p.numel() * p.element_size()
@@ -66,43 +88,131 @@ def make_buckets(params, bucket_bytes: int) -> list[Bucket]:
     out = []
     for i, group in enumerate(buckets):
         offsets = np.cumsum([0] + [p.numel() for p in group[:-1]]).tolist()
-        flat = torch.zeros(sum(p.numel() for p in group), dtype=group[0].dtype)
-        out.append(Bucket(params=group, offsets=offsets, flat=flat, index=i))
+        flat = alloc(sum(p.numel() for p in group), group[0].dtype, i)
+        out.append(Bucket(params=group, offsets=offsets, flat=flat, index=i, result=flat))
     return out
+
+
+def bucket_sizes(params, bucket_bytes: int) -> list[tuple[int, torch.dtype]]:
+    """``(n_elems, dtype)`` of each bucket :func:`make_buckets` would build (allocates nothing)."""
+    sizes = []
+    make_buckets(params, bucket_bytes,
+                 alloc=lambda n, dtype, i: sizes.append((n, dtype)) or torch.empty(0, dtype=dtype))
+    return sizes
 
 
 class GradSync:
     """Averages the gradients of ``params`` over ``topology.comm`` (the mean, as SSGD needs).
 
-    Subclasses override :meth:`reduce_bucket` (sum a flat buffer in place across ranks).
-    Call :meth:`allreduce_grads` after ``backward()`` and before ``optimizer.step()``.
+    Subclasses override :meth:`reduce_bucket`, and :meth:`_alloc`/:meth:`_setup`/:meth:`_free`
+    when they own memory or communicators. Call :meth:`allreduce_grads` after ``backward()``
+    and before ``optimizer.step()`` (or :meth:`begin` / :meth:`finish`).
     """
 
     name = "base"
 
-    def __init__(self, params, topology: Topology, bucket_bytes: int = 25 * 2**20):
+    def __init__(self, params, topology: Topology, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 compression: str = "none", overlap: bool = False):
         self.params = [p for p in params if p.requires_grad]
-        self.topo = topology
-        self.comm = topology.comm
-        self.buckets = make_buckets(self.params, bucket_bytes)
+        self.topo, self.comm = topology, topology.comm
+        self.codec = compression_lib.get(compression)
+        for p in self.params:
+            self.codec.check_dtype(p.dtype)
+        self.scale = 1.0 / self.comm.Get_size()
+        self._prepare(bucket_sizes(self.params, bucket_bytes))
+        self.buckets = make_buckets(self.params, bucket_bytes, alloc=self._alloc)
+        self._setup()
+        self._bucket_of = {id(p): b.index for b in self.buckets for p in b.params}
+        self._pending: dict[int, Pending] = {}
+        self._seen = set()                       # ids of params whose grad is ready this round
+        self._n_ready = [0] * len(self.buckets)
+        self._hooks = []
+        if overlap:
+            self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready)
+                           for p in self.params]
+        self.closed = False
 
     # --- what a strategy provides -------------------------------------------------------------
-    def reduce_bucket(self, bucket: Bucket) -> None:
-        """Sum ``bucket.flat`` over all ranks, in place."""
+    def reduce_bucket(self, bucket: Bucket):
+        """Generator: ``bucket.result <- mean over ranks of bucket.flat``; returns found_inf.
+
+        Yields lists of MPI requests it waits on; must not touch ``p.grad``.
+        """
         raise NotImplementedError
 
-    # --- shared driver ------------------------------------------------------------------------
-    def allreduce_grads(self) -> None:
-        """Replace every parameter's gradient by its mean over ranks."""
-        inv = 1.0 / self.comm.Get_size()
+    def _prepare(self, sizes) -> None:
+        """Called with ``[(n_elems, dtype)]`` of every bucket before any is allocated."""
+
+    def _alloc(self, n_elems: int, dtype, index: int) -> torch.Tensor:
+        return torch.zeros(n_elems, dtype=dtype)
+
+    def _setup(self) -> None:
+        """Called once the buckets exist (per-bucket communicators, scratch buffers)."""
+
+    def _free(self) -> None:
+        """Release what :meth:`_prepare`/:meth:`_setup` created (collective)."""
+
+    def handles(self) -> list:
+        """Every MPI communicator/window this object owns (all null after :meth:`close`)."""
+        return []
+
+    # --- the round ----------------------------------------------------------------------------
+    def _start(self, bucket: Bucket) -> None:
+        bucket.gather_grads()
+        self._pending[bucket.index] = Pending(self.reduce_bucket(bucket))
+
+    def _on_grad_ready(self, p) -> None:
+        """Post-accumulate-grad hook: start a bucket once all its gradients are in; poll others."""
+        i = self._bucket_of[id(p)]
+        if i not in self._pending and id(p) not in self._seen:
+            self._seen.add(id(p))
+            self._n_ready[i] += 1
+            if self._n_ready[i] == len(self.buckets[i].params):
+                self._start(self.buckets[i])
+        for pending in self._pending.values():
+            pending.poll()
+
+    def begin(self) -> None:
+        """Start every bucket not started yet (non-blocking)."""
+        if self.closed:
+            raise RuntimeError("GradSync used after close()")
         for bucket in self.buckets:
-            bucket.gather_grads()
-            self.reduce_bucket(bucket)
-            bucket.flat.mul_(inv)
-            bucket.scatter_grads()
+            if bucket.index not in self._pending:
+                self._start(bucket)
+
+    def finish(self, scatter: bool = True) -> bool:
+        """Wait for every bucket; with ``scatter`` write the means into ``p.grad``.
+
+        Returns the overflow flag: True if any mean holds inf/NaN, identical on every rank.
+        The means stay readable in ``bucket.result`` until the next round starts.
+        """
+        self.begin()
+        found_inf = False
+        for bucket in self.buckets:
+            found_inf |= bool(self._pending.pop(bucket.index).wait())
+            if scatter:
+                bucket.scatter_grads()
+        self._seen.clear()
+        self._n_ready = [0] * len(self.buckets)
+        return found_inf
+
+    def allreduce_grads(self) -> bool:
+        """Replace every parameter's gradient by its mean over ranks; returns found_inf."""
+        self.begin()
+        return self.finish(scatter=True)
 
     def close(self) -> None:
-        """Release communicators/windows a strategy created (the base holds none)."""
+        """Finish a round in flight, remove hooks, free communicators/windows (collective)."""
+        if self.closed:
+            return
+        for pending in self._pending.values():
+            pending.wait()
+        self._pending.clear()
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        self._free()
+        self.closed = True
 
     def __enter__(self):
         return self

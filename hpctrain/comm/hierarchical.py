@@ -1,0 +1,120 @@
+"""Hierarchical strategy: a shared-memory level inside each node, an allreduce across nodes.
+
+HSGD [Wang et al., IEICE 2020]; compare ChainerMN's ``two_dimensional_communicator.py``, which
+does the node level with MPI messages. Here the node level sends no message at all:
+
+1. Every local rank's bucket lives in its segment of one MPI-3 shared-memory window
+   (:mod:`hpctrain.comm.window`). After a barrier, local rank j sums slice j of all local
+   segments into a result area R (an intra-node reduce-scatter by loads and vectorised adds).
+2. Local rank j allreduces its slice of R across nodes, with the ranks that have the same local
+   index (``topology.inter``), using the ring and the wire codec (fp16 travels only here; the
+   window level is always full precision).
+3. After a second barrier every local rank reads the whole mean from R, in place.
+
+On uneven nodes (say 3 ranks, 2 per node) only the first ``min(node_sizes)`` local ranks own a
+slice, so every slice has a partner on every node; the others only take part in the barriers.
+On one node the window level is the whole reduction and the codec is unused (nothing travels).
+"""
+from __future__ import annotations
+
+import torch
+from mpi4py import MPI
+
+from hpctrain.comm.base import Bucket, GradSync
+from hpctrain.comm.ring import RingBuffers, chunk_bounds, nonfinite, ring_allreduce
+from hpctrain.comm.window import SharedWindow, aligned, layout
+
+CHUNK_ELEMS = 1 << 16
+"""Elements summed per step (256 KiB of fp32): the output chunk stays in L2 across the adds."""
+
+
+def sum_into(srcs, out: torch.Tensor, scale: float = 1.0, chunk: int = CHUNK_ELEMS) -> None:
+    """``out = scale * sum(srcs)``, element-wise, in fixed order, chunk by chunk."""
+    for lo in range(0, out.numel(), chunk):
+        hi = min(lo + chunk, out.numel())
+        o = out[lo:hi]
+        if len(srcs) == 1:
+            o.copy_(srcs[0][lo:hi])
+        else:
+            torch.add(srcs[0][lo:hi], srcs[1][lo:hi], out=o)
+            for s in srcs[2:]:
+                o.add_(s[lo:hi])
+        if scale != 1.0:
+            o.mul_(scale)
+
+
+class HierarchicalSync(GradSync):
+    name = "hierarchical"
+
+    def _prepare(self, sizes) -> None:
+        t = self.topo
+        self._offsets, seg_bytes = layout(sizes)
+        # Local rank 0 also holds R (same layout as a segment) and one flag byte per slice.
+        self._flag_offset = seg_bytes
+        root_bytes = seg_bytes + aligned(len(sizes) * t.local_size)
+        self._win = SharedWindow(t.intra, seg_bytes, root_bytes)
+        self._n_slices = t.min_local_size if t.n_nodes > 1 else t.local_size
+
+    def _alloc(self, n_elems: int, dtype, index: int) -> torch.Tensor:
+        return self._win.view(self.topo.local_rank, self._offsets[index], n_elems, dtype)
+
+    def _setup(self) -> None:
+        t, w = self.topo, self._win
+        self._intra = [t.intra.Dup() for _ in self.buckets]
+        self._inter = [t.inter.Dup() for _ in self.buckets] if t.n_nodes > 1 else []
+        self._segs, self._slice, self._rings, self._flags = [], [], [], []
+        for b in self.buckets:
+            off = self._offsets[b.index]
+            b.result = w.root_view(off, b.n_elems, b.flat.dtype)
+            self._segs.append([w.view(r, off, b.n_elems, b.flat.dtype) for r in range(t.local_size)])
+            self._flags.append(w.root_view(self._flag_offset + b.index * t.local_size,
+                                           t.local_size, torch.uint8))
+            sl, ring = None, None
+            if t.local_rank < self._n_slices:
+                lo, hi = chunk_bounds(b.n_elems, self._n_slices)[t.local_rank:t.local_rank + 2]
+                sl = slice(lo, hi)
+                if t.n_nodes > 1:
+                    ring = RingBuffers(b.result[sl], t.n_nodes, self.codec)
+            self._slice.append(sl)
+            self._rings.append(ring)
+
+    def _barrier(self, intra: MPI.Comm):
+        """Hand-over point: stores before it are visible to every local rank after it."""
+        self._win.sync()
+        yield [intra.Ibarrier()]
+        self._win.sync()
+
+    def reduce_bucket(self, bucket: Bucket):
+        i, t = bucket.index, self.topo
+        if bucket.n_elems == 0:
+            return False
+        # (1) every local rank's gradients are in its segment (gather_grads wrote them).
+        yield from self._barrier(self._intra[i])
+        sl = self._slice[i]
+        if sl is not None:
+            out = bucket.result[sl]
+            if t.n_nodes > 1:
+                sum_into([seg[sl] for seg in self._segs[i]], out)
+                found = yield from ring_allreduce(self._rings[i], self._inter[i], self.codec,
+                                                  self.scale)
+            else:
+                sum_into([seg[sl] for seg in self._segs[i]], out, self.scale)
+                found = nonfinite(out)
+            self._flags[i][t.local_rank] = int(found)
+        # (2) every slice of R and its flag are final; nobody reads a segment after this point,
+        # so a rank may overwrite its own segment (next round's gather) once it is through.
+        # R is rewritten only after barrier (1) of the next round, which no rank reaches before
+        # it has finished reading R (scatter) in this one.
+        yield from self._barrier(self._intra[i])
+        return bool(self._flags[i][:self._n_slices].any())
+
+    def handles(self) -> list:
+        return self._intra + self._inter + [self._win.win]
+
+    def _free(self) -> None:
+        for b in self.buckets:   # drop views of the window before unmapping it
+            b.flat = b.result = torch.empty(0, dtype=b.flat.dtype)
+        self._segs, self._rings, self._flags = [], [], []
+        self._win.free()
+        for c in self._intra + self._inter:
+            c.Free()

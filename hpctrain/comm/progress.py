@@ -1,0 +1,53 @@
+"""Cooperative progress for non-blocking reductions written as generators.
+
+A reduction algorithm is a generator that posts non-blocking MPI operations and ``yield``s the
+list of requests it needs before it can go on; it ``return``s its result (the overflow flag).
+Written this way the *same* code runs blocking (drive with ``Waitall``) and overlapped with
+backward (poll with ``Testall`` from gradient hooks), so both paths do identical arithmetic in
+identical order and give bit-identical results. No progress thread is needed: the hooks fire
+once per parameter during backward, and Open MPI's non-blocking operations advance inside
+``Test``/``Wait`` calls anyway, so polling is what makes them progress.
+"""
+from __future__ import annotations
+
+from mpi4py import MPI
+
+
+class Pending:
+    """One reduction in flight: its generator and the requests it is waiting on."""
+
+    __slots__ = ("gen", "reqs", "done", "value")
+
+    def __init__(self, gen):
+        self.gen, self.reqs, self.done, self.value = gen, [], False, None
+        self._run()
+
+    def _run(self) -> None:
+        """Advance the generator until it waits on requests that are not complete yet."""
+        while True:
+            try:
+                reqs = next(self.gen)
+            except StopIteration as stop:
+                self.done, self.value, self.reqs = True, stop.value, []
+                return
+            if not MPI.Request.Testall(reqs):
+                self.reqs = reqs
+                return
+
+    def poll(self) -> bool:
+        """Make progress without blocking; True once the reduction is complete."""
+        if not self.done and MPI.Request.Testall(self.reqs):
+            self._run()
+        return self.done
+
+    def wait(self):
+        """Block until complete; returns the generator's result."""
+        while not self.done:
+            MPI.Request.Waitall(self.reqs)
+            self._run()
+        return self.value
+
+
+def run(gen):
+    """Drive a reduction generator to completion (the blocking path)."""
+    return Pending(gen).wait()
