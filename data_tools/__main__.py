@@ -1,42 +1,86 @@
-"""``python -m data_tools {convert,verify}``."""
+"""``python -m data_tools {convert,verify,inspect}``: make, check and look at HDF5 shard directories.
+
+Parallel conversion: ``mpiexec -n P python -m data_tools convert --from imagefolder SRC --out DIR
+--shards N`` (each rank converts every P-th shard; rank 0 writes the index last).
+"""
 import argparse
+import os
 import sys
 
-from data_tools.sources import SOURCES, SourceError
-from data_tools.writer import write_dataset
-from hpctrain.data.shards import ShardError, ShardSet, read_index
+from data_tools.sources import SOURCES, SourceError, register_all
+from hpctrain.data.shards import ShardError
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m data_tools", description=__doc__)
+def build_parser() -> argparse.ArgumentParser:
+    register_all()
+    ap = argparse.ArgumentParser(prog="python -m data_tools", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("convert", help="convert a dataset into HDF5 shards")
+    c = sub.add_parser("convert", help="convert a dataset into HDF5 shards (under mpiexec: in parallel)")
     c.add_argument("src", nargs="?", help="source file or folder (not needed for digits)")
     c.add_argument("--from", dest="kind", required=True, choices=sorted(SOURCES))
     c.add_argument("--out", required=True, help="output shard directory")
     c.add_argument("--shards", type=int, default=1, help="shards per split")
+    c.add_argument("--size", type=int, nargs=2, metavar=("H", "W"), help="resize to cover H×W, then centre-crop")
+    c.add_argument("--encode", choices=("raw", "jpeg"), default="raw",
+                   help="raw: decoded uint8 arrays; jpeg: encoded bytes (vlen), decoded by the loader")
     c.add_argument("--test-fraction", type=float, default=0.2, help="held-out share when the source has no test split")
-    c.add_argument("--seed", type=int, default=0)
-    v = sub.add_parser("verify", help="check every shard against the index (checksums, shapes)")
+    c.add_argument("--seed", type=int, default=0, help="seed of held-out splits and of the ImageFolder order")
+    c.add_argument("--class-names", help="comma-separated class names (overrides the source's)")
+    c.add_argument("--no-resume", action="store_true", help="reconvert shards even if already done")
+    c.add_argument("--no-progress", action="store_true", help="no progress bar")
+    v = sub.add_parser("verify", help="check every shard against the index (checksums, shapes, labels)")
     v.add_argument("dir")
-    args = ap.parse_args(argv)
+    i = sub.add_parser("inspect", help="print a summary; --grid writes a PNG of sample images")
+    i.add_argument("dir")
+    i.add_argument("--grid", metavar="PNG", help="write a grid of the first samples to this PNG")
+    i.add_argument("--split", default="train")
+    i.add_argument("-n", type=int, default=64, help="samples in the grid")
+    return ap
+
+
+def _convert(args) -> str:
+    from mpi4py import MPI
+
+    from data_tools.writer import convert
+    comm = MPI.COMM_WORLD                     # the entry point: the only place that names it
+    if args.size and min(args.size) < 1:
+        raise ValueError(f"--size {args.size[0]} {args.size[1]}: must be positive")
+    names = [n.strip() for n in args.class_names.split(",")] if args.class_names else None
+    source = SOURCES[args.kind](args.src, test_fraction=args.test_fraction, seed=args.seed,
+                                size=tuple(args.size) if args.size else None, encode=args.encode, class_names=names)
+    src = os.path.abspath(args.src) if args.src else ""
+    tag = f"{args.kind}|{src}|{os.path.getmtime(src) if src and os.path.exists(src) else ''}|{args.seed}|{args.test_fraction}"
+    meta = convert(source, args.out, args.shards, comm=comm, tag=tag, resume=not args.no_resume,
+                   progress=not args.no_progress)
+    counts = ", ".join(f"{k} {v['num_samples']}" for k, v in meta["splits"].items())
+    skipped = f" ({meta['skipped_shards']} finished shard(s) verified and kept)" if meta["skipped_shards"] else ""
+    return (f"wrote {args.out}: {counts} samples, {meta['encoding']} {meta['dtype']} "
+            f"{tuple(meta['sample_shape'])}, {meta['num_classes']} classes on {comm.Get_size()} rank(s){skipped}")
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from data_tools import inspection as inspect
+    from data_tools.writer import ConvertError
+    rank = 0
     try:
         if args.cmd == "convert":
-            splits, names = SOURCES[args.kind](args.src, test_fraction=args.test_fraction, seed=args.seed)
-            meta = write_dataset(args.out, splits, names, args.shards)
-            counts = ", ".join(f"{k} {v['num_samples']}" for k, v in meta["splits"].items())
-            print(f"wrote {args.out}: {counts} samples of shape {tuple(meta['sample_shape'])}")
+            from mpi4py import MPI
+            rank = MPI.COMM_WORLD.Get_rank()
+            msg = _convert(args)
+        elif args.cmd == "verify":
+            msg = inspect.verify(args.dir)
         else:
-            idx = read_index(args.dir)
-            for split in idx.splits:
-                s = ShardSet(idx, split)
-                s.verify()
-                s.check()
-                s.close()
-            print(f"{args.dir}: OK ({', '.join(f'{k} {idx.num_samples(k)}' for k in idx.splits)})")
-    except (ShardError, SourceError, ValueError) as exc:
-        print(f"data_tools: error: {exc}", file=sys.stderr)
+            msg = inspect.summary(args.dir)
+            if args.grid:
+                msg += "\n" + inspect.grid(args.dir, args.grid, args.split, args.n)
+    except (ShardError, SourceError, ConvertError, ValueError, ImportError) as exc:
+        if rank == 0:
+            print(f"data_tools: error: {exc}", file=sys.stderr)
         return 2
+    if rank == 0:
+        print(msg)
     return 0
 
 

@@ -1,41 +1,215 @@
-"""Write ``{split: (x, y)}`` arrays as hpctrain shards; the index goes last, atomically."""
+"""Convert a :class:`Source` into hpctrain shards, in parallel over MPI ranks, resumably.
+
+Every split is cut into ``n_shards`` balanced contiguous shards; shard jobs are dealt round-robin
+to the ranks of ``comm`` (``mpiexec -n P python -m data_tools convert …``; one rank without MPI).
+Each rank reads only its own samples, writes its own shard files (temporary name, then rename),
+and records each finished shard in ``DIR/.convert/<shard>.json``: the source fingerprint, the
+index entry (with SHA-256) and the per-channel sums for the normalisation statistics. Rank 0
+gathers the records and writes ``index.json`` last, atomically; the old index is removed first,
+so a directory with an index is complete, and a failed or killed conversion leaves none.
+Re-running the same conversion skips every shard whose record matches and whose file still
+hashes to the recorded SHA-256 (``resume``).
+"""
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 
 import numpy as np
 
+from data_tools.sources import Source, SourceError, from_arrays
 from hpctrain.data.plan import block_range
-from hpctrain.data.shards import INDEX, write_index, write_shard
+from hpctrain.data.shards import INDEX, ShardWriter, atomic_write_text, file_sha256, shard_name, write_index
+
+CHUNK_BYTES = 32 << 20          # samples read and written per step (bounds memory per rank)
+RECORDS = ".convert"
+
+
+class ConvertError(Exception):
+    """A conversion failed on some rank (message names the file, and the sample where known)."""
+
+
+class Moments:
+    """Per-channel count, sum and sum of squares in float64; merged exactly across shards."""
+
+    def __init__(self, c: int, count=0, s=None, ss=None):
+        self.c, self.count = c, int(count)
+        self.s = np.zeros(c) if s is None else np.asarray(s, np.float64)
+        self.ss = np.zeros(c) if ss is None else np.asarray(ss, np.float64)
+
+    def add(self, px: np.ndarray) -> None:
+        q = px.reshape(len(px), self.c, -1)
+        for ch in range(self.c):
+            v = q[:, ch].astype(np.float64)
+            self.s[ch] += v.sum()
+            self.ss[ch] += np.dot(v.ravel(), v.ravel())
+        self.count += q.shape[0] * q.shape[2]
+
+    def merge(self, other: "Moments") -> None:
+        self.count += other.count
+        self.s += other.s
+        self.ss += other.ss
+
+    def normalize(self) -> dict:
+        """``{"mean", "std"}`` (population std, as ``np.std``); a constant channel gets std 1."""
+        n = max(self.count, 1)
+        mean = self.s / n
+        std = np.sqrt(np.maximum(self.ss / n - mean ** 2, 0.0))
+        return {"mean": mean.tolist(), "std": np.where(std > 0, std, 1.0).tolist()}
+
+    def to_json(self) -> dict:
+        return {"count": self.count, "sum": self.s.tolist(), "sumsq": self.ss.tolist()}
 
 
 def channel_stats(x: np.ndarray) -> dict:
     """Per-channel mean/std of (N, C, ...) samples in raw units (float64 accumulation)."""
-    c = x.shape[1] if x.ndim > 1 else 1
-    flat = x.reshape(len(x), c, -1).astype(np.float64)
-    mean = flat.mean(axis=(0, 2))
-    std = flat.std(axis=(0, 2))
-    return {"mean": mean.tolist(), "std": np.where(std > 0, std, 1.0).tolist()}
+    m = Moments(x.shape[1] if x.ndim > 1 else 1)
+    m.add(x if x.ndim > 1 else x[:, None])
+    return m.normalize()
+
+
+def shard_jobs(source: Source, n_shards: int) -> list[tuple[str, int, int, int, int]]:
+    """``(split, i, n, lo, hi)`` for every shard of every split, in index order."""
+    jobs = []
+    for split, sp in source.splits.items():
+        n = min(n_shards, max(sp.num_samples, 1))
+        jobs += [(split, i, n, *block_range(sp.num_samples, n, i)) for i in range(n)]
+    return jobs
+
+
+def _fingerprint(source: Source, job: tuple, tag: str) -> str:
+    desc = json.dumps([tag, list(source.sample_shape), source.dtype, source.encoding, source.class_names, job])
+    return hashlib.sha256(desc.encode()).hexdigest()
+
+
+def _load_record(out: str, name: str, fingerprint: str) -> dict | None:
+    path = os.path.join(out, RECORDS, name + ".json")
+    try:
+        with open(path) as fh:
+            rec = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    shard = os.path.join(out, name)
+    if rec.get("fingerprint") != fingerprint or not os.path.exists(shard):
+        return None
+    return rec if file_sha256(shard) == rec["entry"]["sha256"] else None
+
+
+def _channels(source: Source) -> int:
+    return source.sample_shape[0] if source.sample_shape else 1
+
+
+def _convert_job(source: Source, out: str, job: tuple, fingerprint: str, bar) -> dict:
+    split, i, n, lo, hi = job
+    sp = source.splits[split]
+    sample_bytes = max(int(np.prod(source.sample_shape)) * np.dtype(source.dtype).itemsize, 1)
+    step = max(1, CHUNK_BYTES // sample_bytes)
+    moments = Moments(_channels(source))
+    w = ShardWriter(out, split, i, n, hi - lo, source.sample_shape, source.dtype, source.encoding)
+    try:
+        for a in range(lo, hi, step):
+            b = min(hi, a + step)
+            chunk = sp.read(a, b)
+            bad = np.flatnonzero((chunk.y < 0) | (chunk.y >= len(source.class_names)))
+            if bad.size:
+                raise SourceError(f"{source.origin}: split {split} sample {a + int(bad[0])} has label "
+                                  f"{int(chunk.y[bad[0]])}, outside 0..{len(source.class_names) - 1}")
+            if source.encoding == "raw" and (chunk.x.shape[1:] != tuple(source.sample_shape)
+                                             or str(chunk.x.dtype) != source.dtype):
+                raise SourceError(f"{source.origin}: split {split} samples {a}..{b} are {chunk.x.dtype} "
+                                  f"{chunk.x.shape[1:]}, expected {source.dtype} {tuple(source.sample_shape)}")
+            moments.add(chunk.pixels if chunk.pixels.ndim > 1 else chunk.pixels[:, None])
+            w.write(chunk.x, chunk.y)
+            if bar is not None:
+                bar.update(b - a)
+    except BaseException:
+        w.abort()
+        raise
+    rec = {"fingerprint": fingerprint, "entry": w.finish(), "moments": moments.to_json()}
+    atomic_write_text(os.path.join(out, RECORDS, shard_name(split, i, n) + ".json"), json.dumps(rec))
+    return rec
+
+
+def _index_meta(source: Source, jobs: list, records: list) -> dict:
+    stats_split = "train" if "train" in source.splits else jobs[0][0]
+    total = Moments(_channels(source))
+    splits = {}
+    for job, rec in zip(jobs, records):
+        split = job[0]
+        sp = splits.setdefault(split, {"num_samples": source.splits[split].num_samples, "shards": []})
+        sp["shards"].append(rec["entry"])
+        if split == stats_split:
+            m = rec["moments"]
+            total.merge(Moments(total.c, m["count"], m["sum"], m["sumsq"]))
+    return {"sample_shape": list(source.sample_shape), "dtype": source.dtype, "encoding": source.encoding,
+            "num_classes": len(source.class_names), "class_names": list(source.class_names),
+            "normalize": total.normalize(), "splits": splits}
+
+
+def convert(source: Source, out: str, n_shards: int = 1, *, comm=None, tag: str = "",
+            resume: bool = True, progress: bool = False) -> dict:
+    """Write ``source`` as shards in ``out``; collective over ``comm``. Returns the index dict.
+
+    ``tag`` identifies the source and options (it goes into the fingerprint that ``resume``
+    compares). Raises :class:`ConvertError` on every rank when any rank failed.
+    """
+    from mpi4py import MPI
+    comm = MPI.COMM_SELF if comm is None else comm
+    rank, size = comm.Get_rank(), comm.Get_size()
+    if n_shards < 1:
+        raise ConvertError(f"--shards must be >= 1, got {n_shards}")
+    error = None
+    if rank == 0:
+        try:
+            os.makedirs(os.path.join(out, RECORDS), exist_ok=True)
+            if os.path.exists(os.path.join(out, INDEX)):
+                os.remove(os.path.join(out, INDEX))       # an index claims completeness: drop the old one
+        except OSError as exc:
+            error = f"{out}: cannot prepare the output directory ({exc})"
+    _agree(comm, error)
+    jobs = shard_jobs(source, n_shards)
+    mine = [k for k in range(len(jobs)) if k % size == rank]
+    bar = None
+    if progress and rank == 0:
+        from tqdm import tqdm
+        bar = tqdm(total=sum(jobs[k][4] - jobs[k][3] for k in mine), unit="sample", dynamic_ncols=True,
+                   desc=f"convert{f' (rank 0 of {size})' if size > 1 else ''}")
+    records, error, skipped = {}, None, 0
+    try:
+        for k in mine:
+            fp = _fingerprint(source, jobs[k], tag)
+            rec = _load_record(out, shard_name(*jobs[k][:3]), fp) if resume else None
+            if rec is None:
+                rec = _convert_job(source, out, jobs[k], fp, bar)
+            else:
+                skipped += 1
+                if bar is not None:
+                    bar.update(jobs[k][4] - jobs[k][3])
+            records[k] = rec
+    except (SourceError, OSError, ValueError) as exc:
+        error = str(exc)
+    finally:
+        if bar is not None:
+            bar.close()
+    _agree(comm, error)
+    gathered = comm.gather((records, skipped), root=0)
+    meta = None
+    if rank == 0:
+        allrec = {k: r for recs, _ in gathered for k, r in recs.items()}
+        meta = _index_meta(source, jobs, [allrec[k] for k in range(len(jobs))])
+        meta["skipped_shards"] = sum(s for _, s in gathered)
+        write_index(out, {k: v for k, v in meta.items() if k != "skipped_shards"})
+    return comm.bcast(meta, root=0)
+
+
+def _agree(comm, error: str | None) -> None:
+    """Every rank raises the first rank's error, or none does."""
+    errors = [e for e in comm.allgather(error) if e]
+    if errors:
+        raise ConvertError(errors[0])
 
 
 def write_dataset(out: str, splits: dict, class_names: list, n_shards: int = 1) -> dict:
-    """Write every split in ``n_shards`` shards, then ``index.json``; returns the index dict."""
-    os.makedirs(out, exist_ok=True)
-    index_path = os.path.join(out, INDEX)
-    if os.path.exists(index_path):
-        os.remove(index_path)          # an index claims completeness: never leave a stale one
-    first = next(iter(splits.values()))[0]
-    meta = {"sample_shape": list(first.shape[1:]), "dtype": str(first.dtype),
-            "num_classes": len(class_names), "class_names": class_names,
-            "normalize": channel_stats(splits["train"][0] if "train" in splits else first), "splits": {}}
-    for split, (x, y) in splits.items():
-        if y.size and int(y.max()) >= len(class_names):
-            raise ValueError(f"split {split}: label {int(y.max())} out of range for {len(class_names)} classes")
-        n = min(n_shards, max(len(x), 1))
-        entries = []
-        for i in range(n):
-            lo, hi = block_range(len(x), n, i)
-            entries.append(write_shard(out, split, i, n, x[lo:hi], y[lo:hi]))
-        meta["splits"][split] = {"num_samples": int(len(x)), "shards": entries}
-    write_index(out, meta)
-    return meta
+    """Write in-memory ``{split: (x, y)}`` arrays as shards (serial); returns the index dict."""
+    return convert(from_arrays(splits, class_names, out), out, n_shards, resume=False)

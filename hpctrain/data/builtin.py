@@ -33,13 +33,12 @@ def resolve_dataset(dataset: str, cache_dir: str, comm: MPI.Comm) -> str:
 
 def _convert(dataset: str, path: str) -> None:
     from data_tools.sources import SOURCES
-    from data_tools.writer import write_dataset
+    from data_tools.writer import convert
 
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.", dir=os.path.dirname(path))
     try:
-        splits, names = SOURCES[dataset](None)
-        write_dataset(tmp, splits, names, n_shards=2)
+        convert(SOURCES[dataset](None), tmp, n_shards=2, resume=False)
         try:
             os.rename(tmp, path)
         except OSError:

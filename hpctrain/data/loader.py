@@ -3,65 +3,110 @@
 Training: each epoch the rank reads its runs from :func:`plan.rank_runs` as long slices, shuffles
 within a window of ``shuffle_window`` samples (generator seeded by ``(seed, epoch, rank)``: the
 named per-rank offset), and yields exactly ``steps`` batches of ``batch_size`` samples, so every
-rank takes the same number of steps. A background thread keeps ``prefetch`` batches ready.
-Evaluation: each rank reads its balanced contiguous share in order, partial last batch kept.
+rank takes the same number of steps. One background thread does everything per batch — HDF5
+reads, window shuffle, JPEG decoding, normalisation, augmentation — and keeps ``prefetch``
+finished batches queued; the training thread only waits when that thread falls behind, and
+:attr:`ShardLoader.stats` records how long (``wait_s``), so the data-wait share of a step is
+measured, not guessed.
+
+With ``node_comm`` (``Topology.intra``) one reader rank per node reads the batches of all the
+node's ranks into an MPI-3 shared-memory window (:mod:`noderead`); each rank still gets exactly
+the batches it would have read itself. Evaluation: each rank reads its balanced contiguous share
+in order, partial last batch kept, never augmented.
 """
 from __future__ import annotations
 
 import queue
 import threading
+import time
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import numpy as np
 import torch
 
 from hpctrain.data import plan
+from hpctrain.data.augment import Normalize, generator_for
+from hpctrain.data.images import decode_batch
 from hpctrain.data.shards import ShardSet
 
 
 def normalizer(normalize: dict, n_channels: int) -> Callable[[np.ndarray], torch.Tensor]:
     """Raw samples → float32 tensor, (x - mean) / std per channel (from the shard index)."""
-    mean = np.asarray(normalize.get("mean", [0.0] * n_channels), np.float32)
-    std = np.asarray(normalize.get("std", [1.0] * n_channels), np.float32)
-    shape = (1, -1) + (1,) * 8  # trimmed below to the sample rank
+    return Normalize(normalize, n_channels)
 
-    def apply(x: np.ndarray) -> torch.Tensor:
-        t = torch.from_numpy(np.ascontiguousarray(x)).float()
-        view = shape[: t.dim()]
-        return (t - torch.from_numpy(mean).view(view)) / torch.from_numpy(std).view(view)
-    return apply
+
+@dataclass
+class LoaderStats:
+    """Seconds spent per stage since creation (or :meth:`reset`); the stages run in the thread."""
+    wait_s: float = 0.0        # training thread blocked on the queue (the cost that is paid)
+    read_s: float = 0.0        # HDF5 reads (or, with a node reader, taking the batch from the window)
+    decode_s: float = 0.0      # JPEG decoding
+    prep_s: float = 0.0        # normalisation + augmentation
+    batches: int = 0
+
+    def reset(self) -> None:
+        self.wait_s = self.read_s = self.decode_s = self.prep_s = 0.0
+        self.batches = 0
 
 
 class _Prefetcher:
     """Runs a batch generator in a thread; exceptions are re-raised in the consumer."""
     _DONE = object()
 
-    def __init__(self, gen: Iterator, depth: int):
+    def __init__(self, gen: Iterator, depth: int, stats: LoaderStats):
         self._q: queue.Queue = queue.Queue(maxsize=max(depth, 1))
-        self._t = threading.Thread(target=self._run, args=(gen,), daemon=True)
+        self._stop = threading.Event()
+        self._stats = stats
+        self._t = threading.Thread(target=self._run, args=(gen,), daemon=True, name="hpctrain-loader")
         self._t.start()
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
 
     def _run(self, gen):
         try:
             for item in gen:
-                self._q.put(item)
+                if not self._put(item):
+                    return
         except BaseException as exc:  # forwarded, not swallowed
-            self._q.put(exc)
-        self._q.put(self._DONE)
+            self._put(exc)
+        self._put(self._DONE)
 
     def __iter__(self):
-        while (item := self._q.get()) is not self._DONE:
+        while True:
+            t0 = time.perf_counter()
+            item = self._q.get()
+            self._stats.wait_s += time.perf_counter() - t0
+            if item is self._DONE:
+                return
             if isinstance(item, BaseException):
                 raise item
             yield item
 
+    def close(self) -> None:
+        """Stop the thread (it may be blocked on a full queue after an abandoned epoch)."""
+        self._stop.set()
+        self._t.join()
+
 
 class ShardLoader:
-    """Training batches for one rank. ``batch_size`` is the per-rank batch."""
+    """Training batches for one rank. ``batch_size`` is the per-rank batch.
+
+    ``transform(x, generator)`` (e.g. :class:`augment.Augment`) runs on normalised batches;
+    ``epoch(e, augment=False)`` skips it (Final Polishing's un-augmented pass).
+    """
 
     def __init__(self, shards: ShardSet, *, rank: int, size: int, batch_size: int, seed: int = 0,
                  block_size: int = 32, shuffle_window: int = 1024, prefetch: int = 2,
-                 drop_last: bool = True, transform: Callable | None = None):
+                 drop_last: bool = True, transform: Callable | None = None, node_comm=None,
+                 node_slots: int = 2):
         self.shards, self.rank, self.size = shards, rank, size
         self.batch_size, self.seed, self.block_size = batch_size, seed, block_size
         self.shuffle_window, self.prefetch, self.drop_last = shuffle_window, prefetch, drop_last
@@ -69,23 +114,35 @@ class ShardLoader:
         self.steps = plan.steps_per_epoch(shards.num_samples, self.global_batch, drop_last)
         self.transform = transform
         idx = shards.index
-        self.to_tensor = normalizer(idx.normalize, idx.sample_shape[0] if idx.sample_shape else 1)
+        self.to_tensor = Normalize(idx.normalize, idx.sample_shape[0] if idx.sample_shape else 1)
+        self.stats = LoaderStats()
+        self._active: _Prefetcher | None = None
+        self.node = None
+        if node_comm is not None:
+            from hpctrain.data.noderead import NodeReader
+            self.node = NodeReader(self, node_comm, slots=node_slots)
 
     def __len__(self) -> int:
         return self.steps
 
-    def runs(self, epoch: int) -> list[tuple[int, int]]:
+    def describe(self) -> str:
+        """One line for the start-up log: reading mode, HDF5 driver, augmentation."""
+        mode = self.node.describe() if self.node else "per-rank reading"
+        return f"{mode}; {self.shards.describe()}; augment {self.transform or 'off'}; prefetch {self.prefetch}"
+
+    def runs(self, epoch: int, rank: int | None = None) -> list[tuple[int, int]]:
         total = None if self.drop_last else self.steps * self.global_batch
-        return plan.rank_runs(self.shards.num_samples, self.size, self.rank, epoch=epoch, seed=self.seed,
-                              block_size=self.block_size, total=total)
+        return plan.rank_runs(self.shards.num_samples, self.size, self.rank if rank is None else rank,
+                              epoch=epoch, seed=self.seed, block_size=self.block_size, total=total)
 
-    def _raw_batches(self, epoch: int, skip: int = 0):
-        rng = np.random.default_rng([self.seed, epoch, 1 + self.rank])  # per-rank offset: 1 + rank
+    def raw_batches(self, epoch: int, skip: int = 0, rank: int | None = None):
+        """``rank``'s batches as read from the shards (encoded for JPEG), window-shuffled."""
+        rank = self.rank if rank is None else rank
+        rng = np.random.default_rng([self.seed, epoch, 1 + rank])  # per-rank offset: 1 + rank
         window = max(self.shuffle_window, self.batch_size)
-        pend_x, pend_y, emitted = [], [], 0
-        pending = 0
+        pend_x, pend_y, emitted, pending = [], [], 0, 0
 
-        def drain(final: bool):
+        def drain():
             nonlocal pend_x, pend_y, pending, emitted
             x, y = np.concatenate(pend_x), np.concatenate(pend_y)
             perm = rng.permutation(len(x)) if self.shuffle_window else np.arange(len(x))
@@ -100,35 +157,81 @@ class ShardLoader:
             pend_x, pend_y = [x[n_full:]], [y[n_full:]]
             pending = len(x) - n_full
 
-        for a, b in self.runs(epoch):
+        for a, b in self.runs(epoch, rank):
             for s in range(a, b, window):
+                t0 = time.perf_counter()
                 x, y = self.shards.read_range(s, min(b, s + window))
+                self.stats.read_s += time.perf_counter() - t0
                 pend_x.append(x)
                 pend_y.append(y)
                 pending += len(x)
                 if pending >= window:
-                    yield from drain(False)
+                    yield from drain()
         if pending:
-            yield from drain(True)
+            yield from drain()
 
-    def _batches(self, epoch: int, skip: int):
-        for x, y in self._raw_batches(epoch, skip):
+    def decoded_batches(self, epoch: int, skip: int = 0, rank: int | None = None):
+        """Like :meth:`raw_batches`, with JPEG samples decoded to ``sample_shape`` uint8."""
+        jpeg = self.shards.index.encoding == "jpeg"
+        shape = tuple(self.shards.index.sample_shape)
+        for x, y in self.raw_batches(epoch, skip, rank):
+            if jpeg:
+                t0 = time.perf_counter()
+                x = decode_batch(x, shape)
+                self.stats.decode_s += time.perf_counter() - t0
+            yield x, y
+
+    def _batches(self, epoch: int, skip: int, augment: bool):
+        source = self.node.batches(epoch, skip) if self.node else self.decoded_batches(epoch, skip)
+        gen = generator_for(self.seed, epoch, self.rank)
+        for k, (x, y) in enumerate(source):
+            t0 = time.perf_counter()
             t = self.to_tensor(x)
-            if self.transform is not None:
-                t = self.transform(t)
-            yield t, torch.from_numpy(y)
+            if augment and self.transform is not None:
+                t = self.transform(t, gen)
+            self.stats.prep_s += time.perf_counter() - t0
+            self.stats.batches += 1
+            yield t, torch.from_numpy(np.ascontiguousarray(y))
 
-    def epoch(self, epoch: int, skip: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """This rank's batches for ``epoch`` (``skip`` batches already done, for resume)."""
-        gen = self._batches(epoch, skip)
-        return iter(_Prefetcher(gen, self.prefetch)) if self.prefetch else gen
+    def epoch(self, epoch: int, skip: int = 0, augment: bool = True) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """This rank's batches for ``epoch`` (``skip`` batches already done, for resume).
+
+        With ``augment=False`` the same batches come without the transform. Starting a new epoch
+        stops the previous one's background thread, so an epoch may be abandoned part-way.
+        """
+        if self.node:
+            self.node.cancel()      # unblocks a thread still waiting on the window
+        self._stop_active()
+        if self.node:
+            self.node.start(epoch, skip)
+        gen = self._batches(epoch, skip, augment)
+        if not self.prefetch:
+            return gen
+        self._active = _Prefetcher(gen, self.prefetch, self.stats)
+        return iter(self._active)
+
+    def _stop_active(self) -> None:
+        if self._active is not None:
+            self._active.close()
+            self._active = None
+
+    def close(self) -> None:
+        """Stop background threads; with a node reader this frees the window (collective on the node)."""
+        if self.node:
+            self.node.cancel()
+        self._stop_active()
+        if self.node:
+            self.node.close()
+            self.node = None
 
 
 def eval_batches(shards: ShardSet, *, rank: int, size: int, batch_size: int):
     """This rank's contiguous share of an evaluation split, in order; last batch may be short."""
     idx = shards.index
-    to_tensor = normalizer(idx.normalize, idx.sample_shape[0] if idx.sample_shape else 1)
+    to_tensor = Normalize(idx.normalize, idx.sample_shape[0] if idx.sample_shape else 1)
     lo, hi = plan.block_range(shards.num_samples, size, rank)
     for s in range(lo, hi, batch_size):
         x, y = shards.read_range(s, min(hi, s + batch_size))
+        if idx.encoding == "jpeg":
+            x = decode_batch(x, tuple(idx.sample_shape))
         yield to_tensor(x), torch.from_numpy(y)

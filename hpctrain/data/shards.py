@@ -1,15 +1,19 @@
-"""The HDF5 shard format (version 1): writing, the index, validation and contiguous reads.
+"""The HDF5 shard format (version 2; version 1 is read too): writing, the index, validation, reads.
 
 A dataset is a directory::
 
     index.json                     written last, atomically; its presence means "complete"
     train-00000-of-00004.h5 …      one file per shard and split
 
-``index.json`` holds ``format`` ("hpctrain-shards"), ``version`` (1), ``sample_shape``, ``dtype``,
+``index.json`` holds ``format`` ("hpctrain-shards"), ``version`` (2), ``sample_shape``, ``dtype``,
 ``num_classes``, ``class_names``, ``normalize`` ({"mean": [...], "std": [...]} per channel, in raw
 units, from the train split) and ``splits``: ``{"train": {"num_samples": N, "shards": [{"file",
 "num_samples", "sha256"}, …]}, …}``. Each shard file holds datasets ``x`` (N, *sample_shape) and
 ``y`` (N,) int64, with attributes ``format``, ``version``, ``split``, ``shard``.
+
+Version 2 adds ``encoding``: ``"raw"`` (the v1 layout; a v1 index means raw) or ``"jpeg"``, where
+``x`` is (N,) variable-length uint8 (h5py ``vlen_dtype``), one encoded image per sample, and
+``sample_shape``/``dtype`` describe the *decoded* sample the loader produces (``images.py``).
 Samples are addressed by a global index per split; :meth:`ShardSet.read_range` turns a
 contiguous index range into one slice per shard touched — never per-sample reads.
 """
@@ -23,8 +27,12 @@ from dataclasses import dataclass
 import h5py
 import numpy as np
 
+from hpctrain.data.hdf5 import choose_driver, open_read
+
 FORMAT = "hpctrain-shards"
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS = (1, 2)
+ENCODINGS = ("raw", "jpeg")
 INDEX = "index.json"
 
 
@@ -54,17 +62,64 @@ def atomic_write_text(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
-def write_shard(directory: str, split: str, i: int, n: int, x: np.ndarray, y: np.ndarray) -> dict:
-    """Write one shard atomically; returns its index entry."""
-    name = shard_name(split, i, n)
-    path = os.path.join(directory, name)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with h5py.File(tmp, "w") as fh:
-        fh.create_dataset("x", data=x)
-        fh.create_dataset("y", data=y.astype(np.int64))
-        fh.attrs.update({"format": FORMAT, "version": VERSION, "split": split, "shard": i})
-    os.replace(tmp, path)
-    return {"file": name, "num_samples": int(len(x)), "sha256": file_sha256(path)}
+class ShardWriter:
+    """Write one shard in chunks to a temporary name; :meth:`finish` renames it and returns its entry.
+
+    ``x`` chunks are (n, ...) arrays for ``raw``, sequences of 1-D uint8 arrays (encoded images)
+    for ``jpeg``. Datasets use the contiguous layout (no chunking): a range read is one extent.
+    A writer that is not finished (an error, a kill) leaves only its ``.tmp`` file behind.
+    """
+
+    def __init__(self, directory: str, split: str, i: int, n: int, num_samples: int,
+                 sample_shape: tuple, dtype, encoding: str = "raw"):
+        self.name = shard_name(split, i, n)
+        self.path = os.path.join(directory, self.name)
+        self.tmp = f"{self.path}.tmp.{os.getpid()}"
+        self.num_samples, self.encoding, self.pos = int(num_samples), encoding, 0
+        self.fh = h5py.File(self.tmp, "w")
+        if encoding == "jpeg":
+            self.x = self.fh.create_dataset("x", shape=(num_samples,), dtype=h5py.vlen_dtype(np.uint8))
+        else:
+            self.x = self.fh.create_dataset("x", shape=(num_samples, *sample_shape), dtype=np.dtype(dtype))
+        self.y = self.fh.create_dataset("y", shape=(num_samples,), dtype=np.int64)
+        self.fh.attrs.update({"format": FORMAT, "version": VERSION, "split": split, "shard": i})
+
+    def write(self, x, y) -> None:
+        n = len(y)
+        if self.encoding == "jpeg":
+            blobs = np.empty(n, dtype=object)
+            for k, blob in enumerate(x):          # element-wise: equal lengths must not broadcast
+                blobs[k] = np.frombuffer(blob, np.uint8) if isinstance(blob, bytes) else blob
+            x = blobs
+        if n:
+            self.x[self.pos:self.pos + n] = x
+            self.y[self.pos:self.pos + n] = np.asarray(y).astype(np.int64)
+        self.pos += n
+
+    def finish(self) -> dict:
+        if self.pos != self.num_samples:
+            self.abort()
+            raise ShardError(f"{self.path}: wrote {self.pos} samples, expected {self.num_samples}")
+        self.fh.close()
+        os.replace(self.tmp, self.path)
+        return {"file": self.name, "num_samples": self.num_samples, "sha256": file_sha256(self.path)}
+
+    def abort(self) -> None:
+        self.fh.close()
+        if os.path.exists(self.tmp):
+            os.remove(self.tmp)
+
+
+def write_shard(directory: str, split: str, i: int, n: int, x, y: np.ndarray, encoding: str = "raw") -> dict:
+    """Write one whole shard atomically; returns its index entry."""
+    shape = () if encoding == "jpeg" else np.shape(x)[1:]
+    w = ShardWriter(directory, split, i, n, len(y), shape, None if encoding == "jpeg" else x.dtype, encoding)
+    try:
+        w.write(x, y)
+    except BaseException:
+        w.abort()
+        raise
+    return w.finish()
 
 
 def write_index(directory: str, meta: dict) -> None:
@@ -81,6 +136,7 @@ class ShardIndex:
     class_names: list
     normalize: dict
     splits: dict
+    encoding: str = "raw"
 
     def num_samples(self, split: str) -> int:
         return int(self.split(split)["num_samples"])
@@ -106,8 +162,11 @@ def read_index(directory: str) -> ShardIndex:
         raise ShardError(f"{path}: unreadable index ({exc})") from None
     if meta.get("format") != FORMAT:
         raise ShardError(f"{path}: field 'format' is {meta.get('format')!r}, expected {FORMAT!r}")
-    if meta.get("version") != VERSION:
-        raise ShardError(f"{path}: field 'version' is {meta.get('version')!r}, this hpctrain reads {VERSION}")
+    if meta.get("version") not in READABLE_VERSIONS:
+        raise ShardError(f"{path}: field 'version' is {meta.get('version')!r}, this hpctrain reads "
+                         f"{', '.join(map(str, READABLE_VERSIONS))}")
+    if meta.get("encoding", "raw") not in ENCODINGS:
+        raise ShardError(f"{path}: field 'encoding' is {meta.get('encoding')!r}, expected one of {ENCODINGS}")
     for key in ("sample_shape", "dtype", "num_classes", "splits"):
         if key not in meta:
             raise ShardError(f"{path}: missing field {key!r}")
@@ -117,53 +176,93 @@ def read_index(directory: str) -> ShardIndex:
             raise ShardError(f"{path}: split {name!r} says {sp['num_samples']} samples, shards hold {counted}")
     return ShardIndex(directory=directory, sample_shape=tuple(meta["sample_shape"]), dtype=meta["dtype"],
                       num_classes=int(meta["num_classes"]), class_names=list(meta.get("class_names", [])),
-                      normalize=meta.get("normalize", {}), splits=meta["splits"])
+                      normalize=meta.get("normalize", {}), splits=meta["splits"],
+                      encoding=meta.get("encoding", "raw"))
 
 
 class ShardSet:
     """One split of a shard directory, read by global sample index in contiguous ranges.
 
-    Files are opened lazily and kept open; each opened file is checked against the index
-    (sample count, shape, dtype) so a truncated or foreign file fails with its name.
+    Each opened file is checked against the index (sample count, shape, dtype) so a truncated or
+    foreign file fails with its name; labels are range-checked on every read. With the serial
+    driver files open lazily; with ``mpio`` (``comm`` given, see ``hdf5.py``) all of them open
+    collectively here, and :meth:`close` is collective too.
     """
 
-    def __init__(self, index: ShardIndex, split: str):
+    def __init__(self, index: ShardIndex, split: str, *, comm=None, driver: str = "auto"):
         self.index = index
         self.split_name = split
         self.entries = index.split(split)["shards"]
         counts = [e["num_samples"] for e in self.entries]
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.num_samples = int(self.starts[-1])
+        self.comm = comm
+        self.driver, self.driver_reason = choose_driver(driver, comm)
         self._files: dict[int, h5py.File] = {}
+        if self.driver == "mpio":
+            for i in range(len(self.entries)):
+                self._open(i)
+
+    def path(self, i: int) -> str:
+        return os.path.join(self.index.directory, self.entries[i]["file"])
+
+    def describe(self) -> str:
+        """One line for the start-up log: driver, why, files, sample layout."""
+        how = (f"parallel HDF5 (driver='mpio', collective open over {self.comm.Get_size()} ranks, "
+               f"independent reads)" if self.driver == "mpio" else f"serial HDF5 per-shard files ({self.driver_reason})")
+        return (f"data {self.split_name}: {how}; {len(self.entries)} shard(s), {self.num_samples} samples, "
+                f"{self.index.encoding} {self.index.dtype} {tuple(self.index.sample_shape)}")
 
     def _open(self, i: int) -> h5py.File:
         if i in self._files:
             return self._files[i]
-        entry = self.entries[i]
-        path = os.path.join(self.index.directory, entry["file"])
+        entry, path = self.entries[i], self.path(i)
         if not os.path.exists(path):
             raise ShardError(f"{path}: shard file missing")
         try:
-            fh = h5py.File(path, "r")
+            fh = open_read(path, self.driver, self.comm)
         except OSError as exc:
             raise ShardError(f"{path}: cannot open shard (truncated or not HDF5: {exc})") from None
         try:
-            x, y = fh["x"], fh["y"]
-        except KeyError as exc:
+            self._check(fh, entry, path)
+        except ShardError:
             fh.close()
-            raise ShardError(f"{path}: missing dataset {exc}") from None
-        want = (entry["num_samples"], *self.index.sample_shape)
-        if x.shape != want or y.shape != (entry["num_samples"],):
-            fh.close()
-            raise ShardError(f"{path}: dataset 'x' has shape {x.shape}, index says {want}")
-        if str(x.dtype) != self.index.dtype:
-            fh.close()
-            raise ShardError(f"{path}: dataset 'x' has dtype {x.dtype}, index says {self.index.dtype}")
+            raise
         self._files[i] = fh
         return fh
 
+    def _check(self, fh: h5py.File, entry: dict, path: str) -> None:
+        for key in ("x", "y"):
+            if key not in fh:
+                raise ShardError(f"{path}: missing dataset {key!r}")
+        x, y, n = fh["x"], fh["y"], entry["num_samples"]
+        if self.index.encoding == "jpeg":
+            want, ok_dtype = (n,), h5py.check_vlen_dtype(x.dtype) == np.dtype(np.uint8)
+            want_dtype = "variable-length uint8"
+        else:
+            want, ok_dtype = (n, *self.index.sample_shape), str(x.dtype) == self.index.dtype
+            want_dtype = self.index.dtype
+        if x.shape != want:
+            raise ShardError(f"{path}: dataset 'x' has shape {x.shape}, index says {want}")
+        if not ok_dtype:
+            raise ShardError(f"{path}: dataset 'x' has dtype {x.dtype}, index says {want_dtype}")
+        if y.shape != (n,):
+            raise ShardError(f"{path}: dataset 'y' has shape {y.shape}, index says {(n,)}")
+        if not np.issubdtype(y.dtype, np.integer):
+            raise ShardError(f"{path}: dataset 'y' has dtype {y.dtype}, expected integer labels")
+
+    def _check_labels(self, y: np.ndarray, i: int, lo: int) -> None:
+        bad = np.flatnonzero((y < 0) | (y >= self.index.num_classes))
+        if bad.size:
+            k = int(bad[0])
+            raise ShardError(f"{self.path(i)}: sample {lo + k} (global {int(self.starts[i]) + lo + k}) has label "
+                             f"{int(y[k])}, outside 0..{self.index.num_classes - 1}")
+
     def read_range(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-        """Samples ``[start, stop)`` of the split as arrays, one contiguous slice per shard."""
+        """Samples ``[start, stop)`` of the split, one contiguous slice per shard touched.
+
+        ``raw``: an (n, *sample_shape) array; ``jpeg``: an (n,) object array of encoded bytes.
+        """
         if not 0 <= start <= stop <= self.num_samples:
             raise IndexError(f"range [{start}, {stop}) outside split of {self.num_samples}")
         xs, ys = [], []
@@ -175,31 +274,38 @@ class ShardSet:
             hi = min(stop, int(self.starts[i + 1])) - int(self.starts[i])
             try:
                 xs.append(fh["x"][lo:hi])
-                ys.append(fh["y"][lo:hi])
+                ys.append(fh["y"][lo:hi].astype(np.int64, copy=False))
             except OSError as exc:
-                path = os.path.join(self.index.directory, self.entries[i]["file"])
-                raise ShardError(f"{path}: read of samples {lo}..{hi} failed (truncated? {exc})") from None
+                raise ShardError(f"{self.path(i)}: read of samples {lo}..{hi} failed (truncated? {exc})") from None
+            self._check_labels(ys[-1], i, lo)
             pos += hi - lo
             i += 1
         if not xs:
-            return (np.empty((0, *self.index.sample_shape), self.index.dtype), np.empty(0, np.int64))
-        return np.concatenate(xs), np.concatenate(ys)
+            shape = (0,) if self.index.encoding == "jpeg" else (0, *self.index.sample_shape)
+            return np.empty(shape, object if self.index.encoding == "jpeg" else self.index.dtype), np.empty(0, np.int64)
+        return (xs[0], ys[0]) if len(xs) == 1 else (np.concatenate(xs), np.concatenate(ys))
 
     def check(self) -> None:
         """Open every shard and check it against the index (cheap: metadata only)."""
         for i in range(len(self.entries)):
             self._open(i)
 
+    def check_labels(self) -> None:
+        """Read every label and range-check it (small: 8 bytes per sample)."""
+        for i in range(len(self.entries)):
+            self._check_labels(self._open(i)["y"][:], i, 0)
+
     def verify(self) -> None:
         """Check every shard's SHA-256 against the index (reads every byte)."""
-        for e in self.entries:
-            path = os.path.join(self.index.directory, e["file"])
+        for i, e in enumerate(self.entries):
+            path = self.path(i)
             if not os.path.exists(path):
                 raise ShardError(f"{path}: shard file missing")
             if file_sha256(path) != e["sha256"]:
                 raise ShardError(f"{path}: checksum mismatch (file changed or truncated)")
 
     def close(self) -> None:
-        for fh in self._files.values():
-            fh.close()
+        """Close the open files (collective with ``mpio``: every rank must call it)."""
+        for i in sorted(self._files):
+            self._files[i].close()
         self._files.clear()

@@ -42,9 +42,10 @@ def test_digits_convert_cli(tmp_path):
     idx = read_index(str(out))
     assert idx.num_samples("train") + idx.num_samples("test") == 1797
     assert idx.sample_shape == (1, 8, 8) and idx.num_classes == 10
-    splits, _ = SOURCES["digits"](None)
+    src = SOURCES["digits"](None)
+    want = src.splits["test"].read(0, src.splits["test"].num_samples)
     got, _ = ShardSet(idx, "test").read_range(0, idx.num_samples("test"))
-    np.testing.assert_array_equal(got, splits["test"][0])
+    np.testing.assert_array_equal(got, want.x)
     r = subprocess.run([sys.executable, "-m", "data_tools", "verify", str(out)], capture_output=True, text=True)
     assert r.returncode == 0 and "OK" in r.stdout
 
@@ -52,8 +53,8 @@ def test_digits_convert_cli(tmp_path):
 def test_npz_source(tmp_path):
     p = tmp_path / "a.npz"
     np.savez(p, x=np.zeros((10, 2), np.float32), y=np.arange(10) % 3)
-    splits, names = SOURCES["npz"](str(p), test_fraction=0.2, seed=0)
-    assert len(splits["train"][0]) == 8 and names == ["0", "1", "2"]
+    src = SOURCES["npz"](str(p), test_fraction=0.2, seed=0)
+    assert src.splits["train"].num_samples == 8 and src.class_names == ["0", "1", "2"]
 
 
 @pytest.mark.parametrize("size", [1, 2, 3])
@@ -101,3 +102,61 @@ def test_index_count_mismatch(npz_dataset):
     json.dump(meta, open(os.path.join(d, "index.json"), "w"))
     with pytest.raises(ShardError, match="says 999 samples"):
         read_index(d)
+
+
+def _rewrite(path, key, data):
+    import h5py
+    with h5py.File(path, "r+") as fh:
+        del fh[key]
+        fh.create_dataset(key, data=data)
+
+
+def test_wrong_dtype_shape_and_missing_dataset(npz_dataset):
+    d, x, y = npz_dataset
+    p1, p2, p3 = (os.path.join(d, f"train-0000{i}-of-00004.h5") for i in (1, 2, 3))
+    _rewrite(p1, "x", x[26:52].astype(np.float32))
+    _rewrite(p2, "x", x[52:77, :, :4])
+    import h5py
+    with h5py.File(p3, "r+") as fh:
+        del fh["y"]
+    s = ShardSet(read_index(d), "train")
+    with pytest.raises(ShardError, match=r"train-00001-of-00004.h5: dataset 'x' has dtype float32, index says uint8"):
+        s._open(1)
+    with pytest.raises(ShardError, match=r"train-00002-of-00004.h5: dataset 'x' has shape \(25, 3, 4, 4\)"):
+        s._open(2)
+    with pytest.raises(ShardError, match=r"train-00003-of-00004.h5: missing dataset 'y'"):
+        s._open(3)
+
+
+def test_label_out_of_range_names_file_and_sample(npz_dataset):
+    d, x, y = npz_dataset
+    bad = y[26:52].copy()
+    bad[5] = 7                                   # 7 classes: labels 0..6
+    _rewrite(os.path.join(d, "train-00001-of-00004.h5"), "y", bad)
+    s = ShardSet(read_index(d), "train")
+    s.read_range(0, 26)                          # shard 0 is fine
+    with pytest.raises(ShardError, match=r"train-00001-of-00004.h5: sample 5 \(global 31\) has label 7, outside 0..6"):
+        s.read_range(20, 40)
+    with pytest.raises(ShardError, match="sample 5"):
+        s.check_labels()
+
+
+def test_version1_index_still_reads(npz_dataset):
+    d, x, _ = npz_dataset
+    meta = json.load(open(os.path.join(d, "index.json")))
+    meta["version"] = 1
+    del meta["encoding"]
+    json.dump(meta, open(os.path.join(d, "index.json"), "w"))
+    idx = read_index(d)
+    assert idx.encoding == "raw"
+    np.testing.assert_array_equal(ShardSet(idx, "train").read_range(0, 5)[0], x[:5])
+    meta["version"] = 3
+    json.dump(meta, open(os.path.join(d, "index.json"), "w"))
+    with pytest.raises(ShardError, match="field 'version' is 3"):
+        read_index(d)
+
+
+def test_serial_driver_described(npz_dataset):
+    d, _, _ = npz_dataset
+    s = ShardSet(read_index(d), "train")
+    assert s.driver == "serial" and "serial HDF5" in s.describe() and "no communicator" in s.describe()

@@ -1,0 +1,113 @@
+"""ImageFolder trees: one sub-folder per class of JPEG/PNG/BMP files (torchvision's layout).
+
+``SRC/train/<class>/*`` with ``SRC/val/<class>/*`` (or ``test``), or ``SRC/<class>/*`` alone (a
+seeded ``--test-fraction`` is held out). Class names are the train sub-folders, sorted. Files are
+listed in sorted order and then shuffled with ``--seed``: a sorted listing groups a class together,
+and the loader's block shuffle keeps blocks contiguous, so unshuffled shards would hand every
+batch a few classes only. Images decode lazily, per range, so each rank of a parallel conversion
+opens only its own files.
+
+``--encode raw``: decoded to (3, H, W) uint8 — at ``--size H W`` (cover, centre-crop), or at the
+common size of all images. ``--encode jpeg``: JPEG files keep their original bytes (no second
+lossy step), other formats are re-encoded at ``--size``; every image is decoded once here so an
+unreadable one fails the conversion, not the training run.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from data_tools.sources import Chunk, Source, SourceError, SplitSource, source
+from hpctrain.data import images
+
+EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".webp")
+
+
+def list_classes(root: str) -> list[str]:
+    return sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)) and not d.startswith("."))
+
+
+def list_files(root: str, classes: list[str]) -> list[tuple[str, int]]:
+    """``(path, label)`` of every image under ``root/<class>/``, sorted; empty classes are errors."""
+    items = []
+    for label, cls in enumerate(classes):
+        folder = os.path.join(root, cls)
+        if not os.path.isdir(folder):
+            continue                                   # a class absent from val/test is allowed
+        files = sorted(f for f in os.listdir(folder) if f.lower().endswith(EXTENSIONS))
+        if not files:
+            raise SourceError(f"{folder}: empty class folder (no {'/'.join(EXTENSIONS)} images)")
+        items += [(os.path.join(folder, f), label) for f in files]
+    return items
+
+
+def _open(path: str, draft: tuple | None = None):
+    """Open and fully decode (so a truncated file fails here); ``draft`` (w, h) lets libjpeg downscale."""
+    Image = images.pil()
+    try:
+        img = Image.open(path)
+        if draft:
+            img.draft("RGB", draft)
+        img.load()
+        return img
+    except Exception as exc:  # Pillow raises many types for bad files: one line naming the file
+        raise SourceError(f"{path}: unreadable image ({type(exc).__name__}: {exc})") from None
+
+
+def _split_reader(items: list, shape: tuple, encode: str, fixed_size: bool):
+    c, h, w = shape
+
+    def read(lo: int, hi: int) -> Chunk:
+        xs, px = [], np.empty((hi - lo, c, h, w), np.uint8)
+        for k, (path, _) in enumerate(items[lo:hi]):
+            img = _open(path, (w, h) if fixed_size else None)
+            if not fixed_size and (img.height, img.width) != (h, w):
+                raise SourceError(f"{path}: image is {img.height}x{img.width}, the first one is {h}x{w}; "
+                                  f"pass --size H W to resize")
+            px[k] = images.to_chw(images.fit(img, h, w), c)
+            if encode == "jpeg":
+                if img.format == "JPEG":
+                    with open(path, "rb") as fh:
+                        xs.append(fh.read())
+                else:
+                    xs.append(images.encode_jpeg(px[k]))
+            img.close()
+        y = np.array([label for _, label in items[lo:hi]], np.int64)
+        return Chunk(xs if encode == "jpeg" else px, y, px)
+    return read
+
+
+@source("imagefolder")
+def load_imagefolder(src: str | None, *, test_fraction: float = 0.2, seed: int = 0, size=None,
+                     encode="raw", class_names=None, **_):
+    """A class-per-folder image tree, as (3, H, W) uint8 (raw) or kept JPEG bytes."""
+    if not src or not os.path.isdir(src):
+        raise SourceError(f"{src}: image folder not found")
+    held_out = next((d for d in ("val", "test") if os.path.isdir(os.path.join(src, d))), None)
+    train_root = os.path.join(src, "train") if held_out and os.path.isdir(os.path.join(src, "train")) else src
+    classes = list_classes(train_root)
+    if not classes:
+        raise SourceError(f"{train_root}: no class sub-folders")
+    rng = np.random.default_rng(seed)
+    items = list_files(train_root, classes)
+    if train_root != src:
+        test_root = os.path.join(src, held_out)
+        extra = set(list_classes(test_root)) - set(classes)
+        if extra:
+            raise SourceError(f"{test_root}: classes {sorted(extra)} are not in {train_root}")
+        splits = {"train": items, "test": list_files(test_root, classes)}
+    else:
+        perm = rng.permutation(len(items))
+        n_test = int(round(len(items) * test_fraction))
+        splits = {"train": [items[i] for i in sorted(perm[n_test:])], "test": [items[i] for i in sorted(perm[:n_test])]}
+    splits = {k: [v[i] for i in rng.permutation(len(v))] for k, v in splits.items()}
+    if size:
+        h, w = size
+    else:
+        first = _open(splits["train"][0][0])
+        h, w = first.height, first.width
+        first.close()
+    shape = (3, h, w)
+    return Source({k: SplitSource(len(v), _split_reader(v, shape, encode, bool(size))) for k, v in splits.items()},
+                  class_names or classes, shape, "uint8", encode, src)

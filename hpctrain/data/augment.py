@@ -1,0 +1,116 @@
+"""Batched train-time augmentation and normalisation in torch, on (B, C, H, W) tensors.
+
+* ``padcrop`` — pad by ``pad`` pixels and cut a random ``H × W`` window (the CIFAR recipe of He
+  et al. 2016, §4.2). Padding happens after normalisation, so it pads with the mean colour.
+* ``rrc`` — random resized crop (Szegedy et al. 2015; torchvision ``RandomResizedCrop``): a box of
+  area fraction in ``scale`` and aspect ratio in ``ratio`` (log-uniform), resized back to
+  ``H × W``. Done for the whole batch in one ``affine_grid``/``grid_sample`` call, with the
+  horizontal flip folded into the same affine map. Unlike torchvision (10 rejection attempts,
+  then a centre crop) the box sides are clamped to the image.
+* ``flip`` — horizontal flip with probability 1/2.
+
+Randomness comes from a ``torch.Generator`` the loader seeds by ``(seed, epoch, rank)``, so a run
+is reproducible. Evaluation and Final Polishing's un-augmented pass use no :class:`Augment`.
+Samplers (``*_params``) and the pure appliers (``*_at``) are separate so tests can check the
+appliers against an independent computation.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+KINDS = ("auto", "padcrop", "rrc", "flip")
+
+
+class Normalize:
+    """Raw samples (NumPy, any dtype) → float32 tensor ``(x - mean) / std`` per channel."""
+
+    def __init__(self, normalize: dict, n_channels: int):
+        self.mean = torch.tensor(normalize.get("mean", [0.0] * n_channels), dtype=torch.float32)
+        self.std = torch.tensor(normalize.get("std", [1.0] * n_channels), dtype=torch.float32)
+
+    def __call__(self, x: np.ndarray) -> torch.Tensor:
+        t = torch.from_numpy(np.ascontiguousarray(x)).float()
+        view = (1, -1) + (1,) * max(t.dim() - 2, 0)
+        return (t - self.mean.view(view)) / self.std.view(view)
+
+
+def flip_params(n: int, gen: torch.Generator) -> torch.Tensor:
+    return torch.rand(n, generator=gen) < 0.5
+
+
+def flip_at(x: torch.Tensor, flips: torch.Tensor) -> torch.Tensor:
+    return torch.where(flips.view(-1, 1, 1, 1), x.flip(-1), x)
+
+
+def padcrop_params(n: int, pad: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-left offsets ``(oy, ox)`` in ``0..2*pad`` of each crop in the padded image."""
+    return torch.randint(0, 2 * pad + 1, (n,), generator=gen), torch.randint(0, 2 * pad + 1, (n,), generator=gen)
+
+
+def padcrop_at(x: torch.Tensor, oy: torch.Tensor, ox: torch.Tensor, pad: int) -> torch.Tensor:
+    """Zero-pad by ``pad`` and take each sample's ``H × W`` window at ``(oy, ox)`` (one gather)."""
+    b, _, h, w = x.shape
+    xp = F.pad(x, (pad, pad, pad, pad))
+    rows = (oy.view(-1, 1) + torch.arange(h)).view(b, h, 1)
+    cols = (ox.view(-1, 1) + torch.arange(w)).view(b, 1, w)
+    return xp[torch.arange(b).view(b, 1, 1), :, rows, cols].permute(0, 3, 1, 2).contiguous()
+
+
+def rrc_params(n: int, gen: torch.Generator, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)) -> torch.Tensor:
+    """Boxes ``(cx, cy, bw, bh)`` in fractions of the image (centre, width, height)."""
+    area = scale[0] + (scale[1] - scale[0]) * torch.rand(n, generator=gen)
+    logr = math.log(ratio[0]) + (math.log(ratio[1]) - math.log(ratio[0])) * torch.rand(n, generator=gen)
+    bw = torch.sqrt(area * torch.exp(logr)).clamp(max=1.0)
+    bh = torch.sqrt(area / torch.exp(logr)).clamp(max=1.0)
+    cx = bw / 2 + (1 - bw) * torch.rand(n, generator=gen)
+    cy = bh / 2 + (1 - bh) * torch.rand(n, generator=gen)
+    return torch.stack([cx, cy, bw, bh], 1)
+
+
+def crop_resize_at(x: torch.Tensor, boxes: torch.Tensor, flips: torch.Tensor | None = None) -> torch.Tensor:
+    """Resample each box of ``x`` to the full ``H × W`` (bilinear), mirrored where ``flips``."""
+    b, c, h, w = x.shape
+    cx, cy, bw, bh = boxes.unbind(1)
+    sx = bw if flips is None else torch.where(flips, -bw, bw)
+    theta = torch.zeros(b, 2, 3)
+    theta[:, 0, 0], theta[:, 0, 2] = sx, 2 * cx - 1
+    theta[:, 1, 1], theta[:, 1, 2] = bh, 2 * cy - 1
+    grid = F.affine_grid(theta, (b, c, h, w), align_corners=False)
+    return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
+
+
+class Augment:
+    """``kind``: ``padcrop`` | ``rrc`` | ``flip`` | ``auto`` (padcrop up to 64 px, rrc above)."""
+
+    def __init__(self, kind: str = "auto", flip: bool = True, pad: int | None = None,
+                 scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
+        if kind not in KINDS:
+            raise ValueError(f"augmentation {kind!r}: expected one of {', '.join(KINDS)}")
+        self.kind, self.flip, self.pad, self.scale, self.ratio = kind, flip, pad, scale, ratio
+
+    def resolve(self, h: int) -> str:
+        return ("padcrop" if h <= 64 else "rrc") if self.kind == "auto" else self.kind
+
+    def __call__(self, x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        n, h = x.shape[0], x.shape[-2]
+        kind = self.resolve(h)
+        flips = flip_params(n, gen) if self.flip or kind == "flip" else None
+        if kind == "rrc":
+            return crop_resize_at(x, rrc_params(n, gen, self.scale, self.ratio), flips)
+        if kind == "padcrop":
+            pad = self.pad if self.pad is not None else max(1, h // 8)
+            x = padcrop_at(x, *padcrop_params(n, pad, gen), pad)
+        return x if flips is None else flip_at(x, flips)
+
+    def __repr__(self) -> str:
+        return f"Augment({self.kind!r}, flip={self.flip})"
+
+
+def generator_for(seed: int, epoch: int, rank: int) -> torch.Generator:
+    """The augmentation stream of ``rank`` in ``epoch`` (offset 2 keeps it apart from the shuffle)."""
+    state = np.random.SeedSequence([seed, epoch, 1 + rank, 2]).generate_state(1, np.uint64)[0]
+    return torch.Generator().manual_seed(int(state) & ((1 << 63) - 1))
