@@ -64,6 +64,7 @@ class OptimConfig:
     schedule: str = opt("cosine", "decay after warmup: constant | step | cosine | poly")
     warmup: str = opt("linear", "warmup: none | linear | hybrid")
     warmup_epochs: float = opt(1.0, "warmup length in epochs")
+    hybrid_hold_epochs: float = opt(-1.0, "hybrid warmup: epochs held at the peak after warmup (<0: = warmup_epochs)")
     poly_power: float = opt(2.0, "power of the polynomial decay")
     end_lr: float = opt(1e-4, "final learning rate of poly/cosine decay")
     step_epochs: list = opt([], "epochs at which step decay multiplies lr by step_gamma")

@@ -109,7 +109,8 @@ def _build(cfg: Config, topo: Topology) -> Job:
                                 epochs=cfg.train.epochs, warmup_epochs=o.warmup_epochs, kind=o.schedule,
                                 warmup=o.warmup, optimizer=o.name, base_batch=o.base_batch,
                                 scale_lr=o.scale_lr, poly_power=o.poly_power, end_lr=o.end_lr,
-                                step_epochs=o.step_epochs, step_gamma=o.step_gamma)
+                                step_epochs=o.step_epochs, step_gamma=o.step_gamma,
+                                hold_epochs=None if o.hybrid_hold_epochs < 0 else o.hybrid_hold_epochs)
     timer = StepTimer()
     trainer = DistributedTrainer(model, optimizer, topo, strategy=cfg.comm.strategy,
                                  compression=cfg.comm.compression, bucket_mb=cfg.comm.bucket_mb,

@@ -1,0 +1,116 @@
+"""``python -m hpctrain study large-batch``: do the large-batch techniques do what the papers claim?
+
+Trains the same model for the same number of epochs as
+  (i)   small-batch baseline, plain SGD;
+  (ii)  K× larger batch, SGD with the linear scaling rule, no warmup;
+  (iii) the same with gradual warmup (Goyal et al. 2017);
+  (iv)  LARS with warmup and polynomial decay (You et al.; the MLPerf recipe);
+and a Final Polishing on/off pair with training augmentation on. Prints a table of final test
+accuracies, writes ``study.json`` and ``study.png`` (test accuracy per epoch) in ``--out``.
+Runs under ``mpiexec`` like training: the global batch is split over the ranks.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+
+from hpctrain.config import Config, load_toml, set_value
+
+
+def variants(base_batch: int, factor: int, lr: float, lars_lr: float, warmup: float) -> list[tuple[str, dict]]:
+    big = base_batch * factor
+    common = {"optim.schedule": "cosine", "optim.base_batch": base_batch, "optim.lr": lr}
+    return [
+        ("(i) small batch SGD", {**common, "train.batch_size": base_batch, "optim.warmup": "none"}),
+        ("(ii) large batch SGD, linear scaling", {**common, "train.batch_size": big, "optim.warmup": "none"}),
+        ("(iii) + warmup", {**common, "train.batch_size": big, "optim.warmup": "linear",
+                            "optim.warmup_epochs": warmup}),
+        ("(iv) LARS + warmup + poly", {"train.batch_size": big, "optim.name": "lars", "optim.schedule": "poly",
+                                       "optim.scale_lr": False, "optim.lr": lars_lr, "optim.warmup": "linear",
+                                       "optim.warmup_epochs": warmup, "optim.weight_decay": 5e-5}),
+    ]
+
+
+def polish_variants(batch: int, lr: float) -> list[tuple[str, dict]]:
+    common = {"train.batch_size": batch, "optim.lr": lr, "data.augment": True}
+    return [("polish off (augmented)", {**common, "polish.bn_recompute": False}),
+            ("polish on (augmented)", {**common, "polish.bn_recompute": True})]
+
+
+def run_variant(base: Config, name: str, overrides: dict, out_dir: str, comm) -> dict:
+    from hpctrain.train import run
+    cfg = copy.deepcopy(base)
+    for key, value in overrides.items():
+        set_value(cfg, key, value)
+    cfg.run.run_dir = os.path.join(out_dir, name.split(")")[0].strip("(").replace(" ", "_") or name)
+    cfg.run.progress = False
+    cfg.train.eval_every = 1
+    summary = run(cfg, comm)
+    curve = []
+    if comm.Get_rank() == 0:
+        with open(os.path.join(cfg.run.run_dir, "metrics.jsonl")) as fh:
+            curve = [r["test_accuracy"] for r in map(json.loads, fh) if r["event"] == "epoch"]
+    return {"name": name, "overrides": overrides, "test_accuracy": summary["test_accuracy"],
+            "test_accuracy_before_polish": summary.get("test_accuracy_before_polish"),
+            "global_batch": summary["global_batch"], "steps": summary["steps"], "curve": curve}
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in rows:
+        ax.plot(range(1, len(r["curve"]) + 1), [100 * a for a in r["curve"]], label=f"{r['name']} (B={r['global_batch']})")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title("large-batch study")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def table(rows: list[dict]) -> str:
+    base = rows[0]["test_accuracy"]
+    lines = [f"{'variant':<40} {'batch':>6} {'steps':>6} {'test acc %':>10} {'vs (i)':>8}"]
+    for r in rows:
+        lines.append(f"{r['name']:<40} {r['global_batch']:>6} {r['steps']:>6} {100 * r['test_accuracy']:>10.2f} "
+                     f"{100 * (r['test_accuracy'] - base):>+8.2f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m hpctrain study", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("study", choices=["large-batch"])
+    ap.add_argument("--config", help="TOML base config (dataset, model, …)")
+    ap.add_argument("--epochs", type=int, default=30)
+    ap.add_argument("--batch", type=int, default=16, help="small (baseline) global batch")
+    ap.add_argument("--factor", type=int, default=32, help="large batch = batch × factor")
+    ap.add_argument("--lr", type=float, default=0.05, help="SGD lr at the small batch")
+    ap.add_argument("--lars-lr", type=float, default=2.0, help="LARS peak lr (unscaled)")
+    ap.add_argument("--warmup-epochs", type=float, default=5.0)
+    ap.add_argument("--no-polish", action="store_true", help="skip the Final Polishing pair")
+    ap.add_argument("--out", default="runs/study", help="output directory")
+    args = ap.parse_args(argv)
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    base = Config()
+    if args.config:
+        load_toml(base, args.config)
+    base.train.epochs = args.epochs
+    rows = [run_variant(base, n, o, args.out, comm)
+            for n, o in variants(args.batch, args.factor, args.lr, args.lars_lr, args.warmup_epochs)]
+    if not args.no_polish:
+        rows += [run_variant(base, n, o, args.out, comm) for n, o in polish_variants(args.batch * 4, args.lr)]
+    if comm.Get_rank() == 0:
+        print(table(rows))
+        with open(os.path.join(args.out, "study.json"), "w") as fh:
+            json.dump(rows, fh, indent=1)
+        plot(rows, os.path.join(args.out, "study.png"))
+        print(f"wrote {args.out}/study.json and {args.out}/study.png")
+    return 0
