@@ -5,6 +5,7 @@
 | `pack_fp16`             | fp32 tensors x scale -> one fp16 buffer, overflow flag  | fp16 compression |
 | `unpack_fp16`           | fp16 buffer x scale -> fp32 tensors (or += into them)   | fp16 compression |
 | `multi_tensor_sq_norms` | per-tensor sum of squares and global L2 norm            | LARS, clipping   |
+| `lars_update`           | LARS momentum step with a per-tensor step size          | LARS             |
 
 Dispatch by array kind: CUDA torch tensors and CuPy arrays run the CuPy kernels (one launch,
 in place, on the current stream, no host synchronisation); CPU torch tensors and NumPy arrays
@@ -13,14 +14,19 @@ come back as NumPy). CUDA torch tensors without CuPy fall back to the torch refe
 GPU; `backend()` says which path is live and why. CuPy is the optional extra
 `pip install 'hpctrain[cuda]'`; importing this package never needs it.
 """
-from . import _args, _runtime, fp16_pack, fp16_unpack, sq_norms
+import numbers
 
-__all__ = ["SOURCES", "backend", "multi_tensor_sq_norms", "pack_fp16", "unpack_fp16"]
+from . import _args, _runtime, fp16_pack, fp16_unpack, lars_step, sq_norms
+
+__all__ = [
+    "SOURCES", "backend", "lars_update", "multi_tensor_sq_norms", "pack_fp16", "unpack_fp16",
+]
 
 SOURCES = {
     fp16_pack.KERNEL_NAME: fp16_pack.SOURCE,
     fp16_unpack.KERNEL_NAME: fp16_unpack.SOURCE,
     sq_norms.KERNEL_NAME: sq_norms.SOURCE,
+    lars_step.KERNEL_NAME: lars_step.SOURCE,
 }
 """Every CUDA source by kernel name (compiled offline by tests/kernels/test_compile.py)."""
 
@@ -96,3 +102,37 @@ def multi_tensor_sq_norms(tensors):
         return sq_norms.cuda(tensors)
     per_tensor_sq, global_norm = sq_norms.reference([_args.as_torch(t) for t in tensors])
     return _as_numpy(per_tensor_sq, kind), _as_numpy(global_norm, kind)
+
+
+def lars_update(params, grads, momentum_buffers, step, weight_decay, momentum, nesterov=False):
+    """In place: `u = step[t]*(g + weight_decay*w); v = momentum*v + u; w -= v`
+    (nesterov: `w -= u + momentum*v`) for every tensor t.
+
+    `step` is a float or a 1-D fp32 array with one entry per tensor (`lr * trust_ratio`), on
+    the tensors' device; all tensors fp32 and contiguous, `grads[t]` and
+    `momentum_buffers[t]` shaped like `params[t]`.
+    """
+    params, grads, bufs = list(params), list(grads), list(momentum_buffers)
+    if not (len(params) == len(grads) == len(bufs)):
+        raise ValueError(f"lars_update: {len(params)} params, {len(grads)} grads, {len(bufs)} buffers")
+    if not params:
+        return
+    per_tensor = not isinstance(step, numbers.Real)
+    arrays = params + grads + bufs + ([step] if per_tensor else [])
+    kind = _args.common_family(arrays, "lars_update")
+    on_gpu = _use_cuda(kind)
+    for what, group in (("params", params), ("grads", grads), ("momentum_buffers", bufs)):
+        _args.check_tensors(group, "float32", f"lars_update {what}")
+    for i, (p, g, v) in enumerate(zip(params, grads, bufs)):
+        if tuple(p.shape) != tuple(g.shape) or tuple(p.shape) != tuple(v.shape):
+            raise ValueError(f"lars_update: shapes differ at {i}: {p.shape}, {g.shape}, {v.shape}")
+    if per_tensor:
+        _args.check_flat(step, "float32", len(params), "lars_update step")
+    _args.check_one_device(arrays, "lars_update")
+    if on_gpu:
+        lars_step.cuda(params, grads, bufs, step, weight_decay, momentum, nesterov)
+        return
+    to_torch = _args.as_torch
+    lars_step.reference([to_torch(p) for p in params], [to_torch(g) for g in grads],
+                        [to_torch(v) for v in bufs], to_torch(step) if per_tensor else step,
+                        weight_decay, momentum, nesterov)

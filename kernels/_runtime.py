@@ -90,11 +90,20 @@ def launch_scope(sample):
     dev = device_id(sample)
     with cupy.cuda.Device(dev):
         if isinstance(sample, torch.Tensor):
-            stream_ptr = torch.cuda.current_stream(sample.device).cuda_stream
-            with cupy.cuda.ExternalStream(stream_ptr, dev):
+            with _cupy_view_of(torch.cuda.current_stream(sample.device), dev):
                 yield cupy
         else:
             yield cupy
+
+
+def _cupy_view_of(torch_stream, dev):
+    """A CuPy stream for a torch stream: the CUDA stream protocol (CuPy >= 14, torch
+    `__cuda_stream__`), or CuPy 13's `ExternalStream` (deprecated in 14)."""
+    import cupy
+
+    if hasattr(cupy.cuda.Stream, "from_external"):
+        return cupy.cuda.Stream.from_external(torch_stream)
+    return cupy.cuda.ExternalStream(torch_stream.cuda_stream, dev)
 
 
 _TABLES = {}
@@ -115,6 +124,20 @@ def device_table(tensors):
     if hit is None:
         table, n_chunks = build_table(addrs, sizes)
         hit = (cupy.asarray(table), n_chunks)
+        if len(_TABLES) >= _TABLE_CACHE_LEN:
+            _TABLES.pop(next(iter(_TABLES)))
+        _TABLES[key] = hit
+    return hit
+
+
+def device_addresses(arrays):
+    """Device int64 array of the arrays' addresses (cached like `device_table`)."""
+    cupy = require_cupy()
+    addrs = tuple(address(a) for a in arrays)
+    key = (cupy.cuda.Device().id, cupy.cuda.get_current_stream().ptr, addrs)
+    hit = _TABLES.get(key)
+    if hit is None:
+        hit = cupy.asarray(np.asarray(addrs, dtype=np.uint64).view(np.int64))
         if len(_TABLES) >= _TABLE_CACHE_LEN:
             _TABLES.pop(next(iter(_TABLES)))
         _TABLES[key] = hit

@@ -14,9 +14,10 @@ def run_python(code):
 
 
 def test_public_api():
-    assert set(kernels.__all__) == {"SOURCES", "backend", "multi_tensor_sq_norms", "pack_fp16",
-                                    "unpack_fp16"}
-    assert set(kernels.SOURCES) == {"hpc_pack_fp16", "hpc_unpack_fp16", "hpc_sq_norms"}
+    assert set(kernels.__all__) == {"SOURCES", "backend", "lars_update", "multi_tensor_sq_norms",
+                                    "pack_fp16", "unpack_fp16"}
+    assert set(kernels.SOURCES) == {"hpc_pack_fp16", "hpc_unpack_fp16", "hpc_sq_norms",
+                                    "hpc_lars_update"}
 
 
 def test_backend_reports_cpu_with_reason_here():

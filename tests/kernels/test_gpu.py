@@ -107,3 +107,17 @@ def test_torch_cuda_tensors_on_a_side_stream():
     np.testing.assert_allclose(per.cpu().numpy(), want_per, rtol=1e-5)
     for b, a in zip(back, arrays):
         np.testing.assert_allclose(b.cpu().numpy(), a, rtol=2**-10, atol=1e-6)
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+@pytest.mark.parametrize("per_tensor", [False, True])
+def test_lars_cupy_matches_reference(nesterov, per_tensor):
+    ws, gs, vs = host_arrays(16), host_arrays(17), host_arrays(18)
+    steps = np.linspace(0.01, 1.0, len(SIZES)).astype(np.float32)
+    want_w, want_v = [w.copy() for w in ws], [v.copy() for v in vs]
+    kernels.lars_update(want_w, gs, want_v, steps if per_tensor else 0.3, 1e-4, 0.9, nesterov)
+    dw, dv = [cupy.asarray(w) for w in ws], [cupy.asarray(v) for v in vs]
+    step = cupy.asarray(steps) if per_tensor else 0.3
+    kernels.lars_update(dw, [cupy.asarray(g) for g in gs], dv, step, 1e-4, 0.9, nesterov)
+    for got, want in zip(dw + dv, want_w + want_v):
+        np.testing.assert_allclose(cupy.asnumpy(got), want, rtol=1e-5, atol=1e-4)
