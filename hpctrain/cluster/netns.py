@@ -8,6 +8,7 @@ after ending the processes still running inside them (ranks of an aborted job).
 """
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -144,6 +145,10 @@ def bring_up(spec: ClusterSpec) -> Path:
     if any(_leftovers(spec.name)):
         raise ClusterError(f"cluster {spec.name!r} is already up "
                            f"(`python -m hpctrain cluster down --name {spec.name}` first)")
+    clash = _subnet_users(spec)
+    if clash:
+        raise ClusterError(f"subnet {spec.subnet} is already used by {', '.join(clash)} "
+                           "(choose another with --subnet, e.g. 10.77.1.0/24)")
     if spec.latency_ms > 0:
         why = probe_qdisc(["netem", "delay", "1ms"], name=f"{spec.name}p")
         if why:
@@ -168,6 +173,20 @@ def bring_up(spec: ClusterSpec) -> Path:
         tear_down(spec.name)
         raise
     return sdir
+
+
+def _subnet_users(spec: ClusterSpec) -> list[str]:
+    """Root-namespace devices with an IPv4 address inside the cluster's subnet (another cluster's
+    bridge, say): a second bridge on the same subnet would break routing for both."""
+    r = _run(["ip", "-4", "-o", "addr", "show"])
+    users = []
+    for line in r.stdout.splitlines():      # "3: dev    inet 10.77.0.254/24 brd ... scope global dev"
+        parts = line.split()
+        if len(parts) > 3 and parts[2] == "inet":
+            iface = ipaddress.ip_interface(parts[3])
+            if iface.network.overlaps(spec.network):
+                users.append(f"{parts[1]} ({parts[3]})")
+    return users
 
 
 def _write_state(sdir: Path, spec: ClusterSpec, status: str) -> None:

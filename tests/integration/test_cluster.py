@@ -49,7 +49,7 @@ def cluster():
 
 def test_up_down_idempotent():
     name = f"hcu{_TAG}"
-    spec = ClusterSpec(n_nodes=2, rate_bit_s=1e9, name=name, subnet=f"10.77.{99 - _TAG % 90}.0/24")
+    spec = ClusterSpec(n_nodes=2, rate_bit_s=1e9, name=name, subnet=f"10.77.{10 + _TAG % 86}.0/24")
     r = cli("up", "--nodes", "2", "--link", "1gbit", "--name", name, "--subnet", spec.subnet)
     try:
         assert r.returncode == 0, r.stderr
@@ -63,6 +63,9 @@ def test_up_down_idempotent():
             assert "tbf" in q and "rate 1Gbit" in q, q
         again = cli("up", "--name", name, "--subnet", spec.subnet)
         assert again.returncode == 2 and "already up" in again.stderr
+        clash = cli("up", "--name", f"hco{_TAG}", "--subnet", spec.subnet)
+        assert clash.returncode == 2 and f"already used by {spec.bridge}" in clash.stderr
+        assert leftovers(f"hco{_TAG}") == []
     finally:
         down = cli("down", "--name", name)
     assert down.returncode == 0, down.stderr
