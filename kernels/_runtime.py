@@ -60,10 +60,6 @@ def function(source, name):
     return fn
 
 
-def is_torch_cuda(x):
-    return isinstance(x, torch.Tensor) and x.is_cuda
-
-
 def is_cuda_array(x):
     """A CUDA tensor or a CuPy (or other `__cuda_array_interface__`) array."""
     if isinstance(x, torch.Tensor):

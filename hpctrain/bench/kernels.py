@@ -3,7 +3,8 @@
 For each payload size (MB of fp32 gradients, split into `--tensors` tensors of mixed sizes) the
 table gives the best-of-N time, the payload throughput (fp32 bytes / s) and its ratio to
 `numpy.copyto` and torch `copy_` of the same fp32 bytes measured in the same run. A ratio of
-0.5 means the kernel moves the payload at half the speed of copying it. On the CPU the torch
+0.5 means the kernel moves the payload at half the speed of copying it. (`lars_update`
+touches five words per element, copying two.) On the CPU the torch
 references run (one torch thread by default, as one rank per core); with CuPy and a GPU
 (`--device cuda`, the default when available) the CUDA kernels run and `cupy.copyto` is the
 baseline, timed with CUDA events.
@@ -74,6 +75,8 @@ def cpu_cases(n_elems, args):
     targets = list(torch.split(dst, sizes))
     buf = torch.empty(n_elems, dtype=torch.float16)
     kernels.pack_fp16(tensors, buf, args.scale)
+    grads, moms = torch.randn(n_elems).split(sizes), torch.zeros(n_elems).split(sizes)
+    steps = torch.full((len(sizes),), 1e-6)
     return {
         "numpy.copyto": lambda: np.copyto(dst_np, src_np),
         "torch copy_": lambda: dst.copy_(src),
@@ -82,6 +85,7 @@ def cpu_cases(n_elems, args):
         "unpack_fp16": lambda: kernels.unpack_fp16(buf, targets, 1 / args.scale),
         "unpack_fp16 +=": lambda: kernels.unpack_fp16(buf, targets, 1 / args.scale, True),
         "sq_norms": lambda: kernels.multi_tensor_sq_norms(tensors),
+        "lars_update": lambda: kernels.lars_update(tensors, grads, moms, steps, 1e-4, 0.9),
     }, lambda: None
 
 
@@ -94,6 +98,9 @@ def cuda_cases(n_elems, args):
     bounds = np.cumsum(sizes)[:-1]
     tensors, targets = cupy.split(src, bounds), cupy.split(dst, bounds)
     buf = cupy.empty(n_elems, dtype=cupy.float16)
+    grads = cupy.split(cupy.random.standard_normal(n_elems, dtype=cupy.float32), bounds)
+    moms = cupy.split(cupy.zeros(n_elems, dtype=cupy.float32), bounds)
+    steps = cupy.full(len(sizes), 1e-6, dtype=cupy.float32)
     return {
         "cupy.copyto": lambda: cupy.copyto(dst, src),
         f"pack_fp16 x{args.scale:g}": lambda: kernels.pack_fp16(tensors, buf, args.scale),
@@ -101,6 +108,7 @@ def cuda_cases(n_elems, args):
         "unpack_fp16": lambda: kernels.unpack_fp16(buf, targets, 1 / args.scale),
         "unpack_fp16 +=": lambda: kernels.unpack_fp16(buf, targets, 1 / args.scale, True),
         "sq_norms": lambda: kernels.multi_tensor_sq_norms(tensors),
+        "lars_update": lambda: kernels.lars_update(tensors, grads, moms, steps, 1e-4, 0.9),
     }, cupy.cuda.get_current_stream().synchronize
 
 
