@@ -6,6 +6,7 @@ same one user scripts call, so the CLI and the library API share one code path.
 from __future__ import annotations
 
 import itertools
+import os
 import time
 from dataclasses import dataclass
 
@@ -13,18 +14,21 @@ import torch
 from mpi4py import MPI
 
 from hpctrain import comm as comm_lib
+from hpctrain.checkpoint import Checkpointer
 from hpctrain.config import Config, ConfigError
 from hpctrain.data import ShardError, ShardLoader, ShardSet, eval_batches, read_index
 from hpctrain.data.builtin import resolve_dataset
-from hpctrain.faults import agree, maybe_inject
+from hpctrain.faults import StopSignal, Stopped, agree, check_consistency, maybe_inject, software_versions
 from hpctrain.metrics import MetricsLog, StepTimer, gpu_time
 from hpctrain.models import ModelError, build_model
 from hpctrain.optim import make_criterion, make_optimizer
 from hpctrain.optim.loss_scale import LossScaler
 from hpctrain.optim.schedules import spec_from_config
 from hpctrain.polish import recompute_bn_stats
+from hpctrain.timeline import Timeline, merge_and_write
 from hpctrain.topology import Topology
 from hpctrain.trainer import DistributedTrainer
+from hpctrain.watchdog import Watchdog
 
 
 @dataclass
@@ -111,6 +115,7 @@ def _build(cfg: Config, topo: Topology) -> Job:
                                 scale_lr=o.scale_lr, poly_power=o.poly_power, end_lr=o.end_lr,
                                 step_epochs=o.step_epochs, step_gamma=o.step_gamma,
                                 hold_epochs=None if o.hybrid_hold_epochs < 0 else o.hybrid_hold_epochs)
+    check_consistency(topo.comm, model, cfg.to_dict(), software_versions())  # names an odd rank out
     timer = StepTimer()
     trainer = DistributedTrainer(model, optimizer, topo, strategy=cfg.comm.strategy,
                                  compression=cfg.comm.compression, bucket_mb=cfg.comm.bucket_mb,
@@ -165,22 +170,34 @@ def run(cfg: Config, comm: MPI.Comm) -> dict:
     job = setup(cfg, comm)
     topo, loader, trainer = job.topo, job.loader, job.trainer
     is_root = topo.rank == 0
+    ckpt = Checkpointer.from_config(cfg, topo.comm, loader, job.timer)
+    resumed = ckpt.resume(trainer, cfg.ckpt.resume)      # None, or where to continue
+    start_step = trainer.step_count
     log = MetricsLog(cfg.run.run_dir, enabled=is_root)
     log.log("config", config=cfg.to_dict(), world_size=topo.size, topology=topo.describe(),
-            steps_per_epoch=loader.steps)
+            steps_per_epoch=loader.steps, resumed_from=ckpt.last_path if resumed else None, start_step=start_step)
+    timeline = Timeline(topo.comm) if cfg.run.timeline else None
+    watchdog = Watchdog(topo.comm, cfg.run.watchdog_s) if cfg.run.watchdog_s > 0 else None
+    job.timer.sinks += [sink for sink in (timeline, watchdog) if sink is not None]
+    stop = StopSignal(topo.comm)                          # SIGTERM/SIGUSR1 → checkpoint and stop
     total_steps = loader.steps * cfg.train.epochs
     if cfg.train.max_steps:
         total_steps = min(total_steps, cfg.train.max_steps)
     bar = None
     if is_root and cfg.run.progress:
         from tqdm import tqdm
-        bar = tqdm(total=total_steps, desc=f"train x{topo.size}", unit="step", dynamic_ncols=True)
+        bar = tqdm(total=total_steps, initial=start_step, desc=f"train x{topo.size}", unit="step",
+                   dynamic_ncols=True)
     samples, skipped, t_train, breakdown = 0, 0, time.perf_counter(), {}
-    for epoch in range(cfg.train.epochs):
+    first_epoch, skip = (resumed.epoch, resumed.step_in_epoch) if resumed else (0, 0)
+    lr = trainer.lr()
+    for epoch in range(first_epoch, cfg.train.epochs):
         t_epoch, loss_sum, n = time.perf_counter(), torch.zeros(()), 0
-        for x, y in timed_batches(loader.epoch(epoch), job.timer):
+        for x, y in timed_batches(loader.epoch(epoch, skip=skip if epoch == first_epoch else 0), job.timer):
             if trainer.step_count >= total_steps:
                 break
+            if watchdog:
+                watchdog.step(trainer.step_count)
             maybe_inject(topo.rank, trainer.step_count)
             lr = trainer.lr()
             result = trainer.step(x, y)
@@ -191,6 +208,10 @@ def run(cfg: Config, comm: MPI.Comm) -> dict:
             if bar:
                 bar.update(1)
                 bar.set_postfix(loss=f"{float(loss_sum) / n:.3f}", lr=f"{lr:.3g}", refresh=False)
+            if ckpt.due(trainer.step_count):
+                ckpt.save(trainer)
+            if stop.poll():                               # agreed by all ranks at the same step
+                break
         phases = job.timer.reset()
         for k, v in phases.items():
             breakdown[k] = breakdown.get(k, 0.0) + v
@@ -200,24 +221,36 @@ def run(cfg: Config, comm: MPI.Comm) -> dict:
         if cfg.train.eval_every and (epoch + 1) % cfg.train.eval_every == 0:
             rec.update(evaluate(job))
         log.log("epoch", **rec)
-        if trainer.step_count >= total_steps:
+        if trainer.step_count >= total_steps or stop.agreed:
             break
     trainer.finish()
+    ckpt.save(trainer)                                    # the final (or signal) checkpoint
+    for part in (watchdog, stop):
+        if part is not None:
+            part.close()
     train_s = time.perf_counter() - t_train
     if bar:
         bar.close()
+    if timeline:
+        merge_and_write(timeline, topo.comm, os.path.join(cfg.run.run_dir, "timeline.json"))
+    if stop.agreed:
+        log.log("stopped", signal=stop.name, step=trainer.step_count, checkpoint=ckpt.last_path, train_s=train_s)
+        log.close()
+        raise Stopped(f"stopped by {stop.name} at step {trainer.step_count} after writing {ckpt.last_path}; "
+                      f"continue with --set ckpt.resume=auto")
     result = evaluate(job)
     if cfg.polish.bn_recompute:
         result = {**polish(job), "test_accuracy_before_polish": result["test_accuracy"]}
     wall_s = time.perf_counter() - t0
     steps = trainer.step_count
     epochs_done = steps / loader.steps
+    epochs_here = (steps - start_step) / loader.steps    # this run's share, when resumed
     summary = log.log("summary", **result, samples_per_s=samples / train_s, wall_s=wall_s, train_s=train_s,
                       world_size=topo.size, steps=steps, epochs=epochs_done, global_batch=loader.global_batch,
                       skipped_steps=int(skipped), strategy=cfg.comm.strategy, compression=cfg.comm.compression,
                       algorithm=cfg.sync.algorithm, phases_s=breakdown,
                       data_wait_share=breakdown.get("data", 0.0) / train_s if train_s else 0.0,
-                      **gpu_time(wall_s, topo.size, epochs_done))
+                      start_step=start_step, **gpu_time(wall_s, topo.size, epochs_here))
     log.close()
     trainer.close()
     topo.close()
