@@ -150,8 +150,12 @@ def ptr_arg(x):
     return np.uint64(address(x))
 
 
-def as_output(cupy_array, like):
-    """Hand a result allocated by CuPy back in the caller's array type (zero copy)."""
+def zeros(like, shape, dtype):
+    """Zeroed device array in `like`'s type (torch or CuPy) on its device and current stream.
+
+    Results are allocated by the caller's library, so they come back without a DLPack hop and
+    are freed in stream order by that library's caching allocator.
+    """
     if isinstance(like, torch.Tensor):
-        return torch.from_dlpack(cupy_array)
-    return cupy_array
+        return torch.zeros(shape, dtype=getattr(torch, dtype), device=like.device)
+    return require_cupy().zeros(shape, dtype=dtype)

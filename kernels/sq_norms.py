@@ -63,14 +63,16 @@ def reference(tensors):
 def cuda(tensors):
     """One launch; results on the tensors' device in the caller's array type."""
     sample = tensors[0]
-    with _runtime.launch_scope(sample) as cupy:
+    with _runtime.launch_scope(sample):
         table, n_chunks = _runtime.device_table(tensors)
-        per_tensor_sq = cupy.zeros(len(tensors), dtype=cupy.float32)
-        global_norm = cupy.zeros((), dtype=cupy.float32)
+        per_tensor_sq = _runtime.zeros(sample, (len(tensors),), "float32")
+        global_norm = _runtime.zeros(sample, (), "float32")
         if n_chunks:
-            partial = cupy.empty(n_chunks, dtype=cupy.float32)
-            blocks_done = cupy.zeros(1, dtype=cupy.uint32)
+            partial = _runtime.zeros(sample, (n_chunks,), "float32")
+            blocks_done = _runtime.zeros(sample, (1,), "int32")
             fn = _runtime.function(SOURCE, KERNEL_NAME)
+            ptr = _runtime.ptr_arg
             _runtime.launch(fn, n_chunks, (table, np.int32(len(tensors)), np.int32(n_chunks),
-                                           partial, blocks_done, per_tensor_sq, global_norm))
-        return _runtime.as_output(per_tensor_sq, sample), _runtime.as_output(global_norm, sample)
+                                           ptr(partial), ptr(blocks_done), ptr(per_tensor_sq),
+                                           ptr(global_norm)))
+    return per_tensor_sq, global_norm
