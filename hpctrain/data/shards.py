@@ -87,12 +87,11 @@ class ShardWriter:
     def write(self, x, y) -> None:
         n = len(y)
         if self.encoding == "jpeg":
-            blobs = np.empty(n, dtype=object)
-            for k, blob in enumerate(x):          # element-wise: equal lengths must not broadcast
-                blobs[k] = np.frombuffer(blob, np.uint8) if isinstance(blob, bytes) else blob
-            x = blobs
-        if n:
+            for k, blob in enumerate(x):       # one by one: h5py reads equal-length blobs as a 2-D array
+                self.x[self.pos + k] = np.frombuffer(blob, np.uint8) if isinstance(blob, bytes) else blob
+        elif n:
             self.x[self.pos:self.pos + n] = x
+        if n:
             self.y[self.pos:self.pos + n] = np.asarray(y).astype(np.int64)
         self.pos += n
 

@@ -1,0 +1,74 @@
+"""Parallel conversion: P ranks write the same shard directory as one rank does.
+
+``mpiexec -n 2 .venv/bin/python -m pytest --only-mpi --color=no tests/mpi/test_data_convert.py``
+"""
+import json
+import os
+import tempfile
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+from PIL import Image
+
+from data_tools.__main__ import main as tools_main
+from data_tools.sources import SOURCES, register_all
+from data_tools.writer import ConvertError, convert
+from hpctrain.data import ShardSet, read_index
+
+register_all()
+
+
+def shared_tmpdir(comm):
+    path = tempfile.mkdtemp(prefix="hpctrain-convert-") if comm.Get_rank() == 0 else None
+    return comm.bcast(path, root=0)
+
+
+def make_tree(root, rng):
+    for cls in ("ant", "bee", "cow"):
+        os.makedirs(os.path.join(root, cls))
+        for k in range(7):
+            a = rng.integers(0, 256, (9, 11, 3), dtype=np.uint8)
+            Image.fromarray(a).save(os.path.join(root, cls, f"{k}.png"))
+
+
+@pytest.mark.mpi
+def test_parallel_conversion_equals_serial():
+    comm = MPI.COMM_WORLD
+    base = shared_tmpdir(comm)
+    if comm.Get_rank() == 0:
+        make_tree(os.path.join(base, "src"), np.random.default_rng(0))
+    comm.Barrier()
+    args = ["convert", "--from", "imagefolder", os.path.join(base, "src"), "--shards", "5", "--no-progress"]
+    assert tools_main(args + ["--out", os.path.join(base, "par")]) == 0            # all ranks, COMM_WORLD
+    if comm.Get_rank() == 0:                                                       # one rank, COMM_SELF
+        src = SOURCES["imagefolder"](os.path.join(base, "src"))
+        convert(src, os.path.join(base, "ser"), 5, comm=MPI.COMM_SELF)
+    comm.Barrier()
+    par = json.load(open(os.path.join(base, "par", "index.json")))
+    ser = json.load(open(os.path.join(base, "ser", "index.json")))
+    assert par == ser                                   # counts, shapes, classes, statistics, SHA-256s
+    for split in ("train", "test"):
+        a = ShardSet(read_index(os.path.join(base, "par")), split)
+        b = ShardSet(read_index(os.path.join(base, "ser")), split)
+        for got, want in zip(a.read_range(0, a.num_samples), b.read_range(0, b.num_samples)):
+            np.testing.assert_array_equal(got, want)
+    # resume: every rank verifies and keeps its finished shards
+    meta = convert(SOURCES["imagefolder"](os.path.join(base, "src")), os.path.join(base, "ser"), 5, comm=comm)
+    n_shards = sum(len(sp["shards"]) for sp in ser["splits"].values())   # test split: 4 samples, 4 shards
+    assert meta["skipped_shards"] == n_shards and json.load(open(os.path.join(base, "ser", "index.json"))) == ser
+
+
+@pytest.mark.mpi
+def test_failure_on_one_rank_fails_all_without_index():
+    comm = MPI.COMM_WORLD
+    base = shared_tmpdir(comm)
+    if comm.Get_rank() == 0:
+        make_tree(os.path.join(base, "src"), np.random.default_rng(1))
+        with open(os.path.join(base, "src", "bee", "3.png"), "wb") as fh:
+            fh.write(b"\x89PNG\r\n\x1a\n broken")
+    comm.Barrier()
+    src = SOURCES["imagefolder"](os.path.join(base, "src"), size=(4, 4))
+    with pytest.raises(ConvertError, match=r"bee/3.png: unreadable image"):
+        convert(src, os.path.join(base, "out"), 4, comm=comm)
+    assert not os.path.exists(os.path.join(base, "out", "index.json"))

@@ -1,0 +1,76 @@
+"""Node-level reading and parallel HDF5 give each rank exactly the batches of per-rank serial reading.
+
+``mpiexec -n 2 .venv/bin/python -m pytest --only-mpi --color=no tests/mpi/test_data_node.py``
+"""
+import tempfile
+
+import numpy as np
+import pytest
+import torch
+from mpi4py import MPI
+
+from data_tools.sources import from_arrays
+from data_tools.writer import convert
+from hpctrain.data import ShardLoader, ShardSet, read_index
+from hpctrain.data.augment import Augment
+from hpctrain.topology import Topology
+
+
+@pytest.fixture(scope="module")
+def dataset():
+    comm = MPI.COMM_WORLD
+    path = tempfile.mkdtemp(prefix="hpctrain-node-") if comm.Get_rank() == 0 else None
+    path = comm.bcast(path, root=0)
+    if comm.Get_rank() == 0:
+        rng = np.random.default_rng(0)
+        x = rng.integers(0, 256, (157, 3, 6, 5), dtype=np.uint8)
+        convert(from_arrays({"train": (x, rng.integers(0, 4, 157))}, list("abcd"), "t"), path, 3)
+    comm.Barrier()
+    return path
+
+
+def batches(loader, epoch, n=None, **kw):
+    it = loader.epoch(epoch, **kw)
+    return [next(it) for _ in range(n)] if n else list(it)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks_per_node", [0, 1, 2])
+def test_node_reader_equals_per_rank(dataset, ranks_per_node):
+    comm = MPI.COMM_WORLD
+    topo = Topology.create(comm, ranks_per_node)
+    idx = read_index(dataset)
+    serial = ShardSet(idx, "train", driver="serial")
+    # the node's reader opens the files (collectively over the readers with mpio); others never read
+    shared = ShardSet(idx, "train", comm=topo.inter) if topo.local_rank == 0 else ShardSet(idx, "train", driver="serial")
+    kw = dict(rank=topo.rank, size=topo.size, batch_size=6, block_size=5, shuffle_window=24,
+              transform=Augment("padcrop"))
+    per_rank = ShardLoader(serial, **kw)
+    node = ShardLoader(shared, node_comm=topo.intra, node_slots=2, **kw)
+    assert "node-level reading" in node.describe()
+    for epoch, n in ((0, None), (1, 3), (2, None)):            # epoch 1 is abandoned after 3 batches
+        want, got = batches(per_rank, epoch, n), batches(node, epoch, n)
+        assert len(got) == len(want) == (n or per_rank.steps)
+        for (x1, y1), (x2, y2) in zip(want, got):
+            assert torch.equal(x1, x2) and torch.equal(y1, y2)
+    ys = comm.allgather(torch.cat([y for _, y in batches(node, 3, augment=False)]).tolist())
+    assert len(sum(ys, [])) == per_rank.steps * per_rank.global_batch
+    node.close()
+    per_rank.close()
+    shared.close()
+    serial.close()
+    topo.close()
+
+
+@pytest.mark.mpi
+def test_mpio_reads_equal_serial(dataset):
+    comm = MPI.COMM_WORLD
+    idx = read_index(dataset)
+    par = ShardSet(idx, "train", comm=comm, driver="auto")
+    ser = ShardSet(idx, "train", driver="serial")
+    assert par.driver == "mpio" and "driver='mpio'" in par.describe()
+    lo, hi = comm.Get_rank() * 11, 157 - comm.Get_rank() * 7          # different ranges per rank
+    for got, want in zip(par.read_range(lo, hi), ser.read_range(lo, hi)):
+        np.testing.assert_array_equal(got, want)
+    par.close()
+    ser.close()
