@@ -12,7 +12,8 @@ from kernels._prelude import CHUNK_ELEMS
 
 from .numpy_refs import fp16_bits_equal
 
-cupy = pytest.importorskip("cupy", reason="CuPy not installed (pip install 'hpctrain[cuda]')")
+cupy = pytest.importorskip("cupy", reason="CuPy not installed (pip install 'hpctrain[cuda]')",
+                           exc_type=ImportError)
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not cupy.is_available(), reason="cupy.is_available() is False: no CUDA device"),
