@@ -48,10 +48,8 @@ class DistributedTrainer:
             raise ValueError("precision.compute: fp16 compute needs a CUDA device (CPU autocast to fp16 "
                              "runs ~80x slower here); use bf16 on CPU")
         comm_lib.broadcast_module(model, topology.comm)
-        sync_kwargs = {"bucket_bytes": int(bucket_mb * 2**20)}
-        if compression != "none" or overlap:
-            sync_kwargs.update(compression=compression, overlap=overlap)
-        self.sync = comm_lib.create(strategy, model.parameters(), topology, **sync_kwargs)
+        self.sync = comm_lib.create(strategy, model.parameters(), topology, bucket_bytes=int(bucket_mb * 2**20),
+                                    compression=compression, overlap=overlap)
         self.algo = sync_lib.create(algorithm, model, optimizer, self.sync, scaler=scaler, timer=timer,
                                     **(algorithm_options or {}))
         self.step_count = 0
