@@ -54,6 +54,9 @@ def reference(params, grads, momentum_buffers, step, weight_decay, momentum, nes
     """torch reference (any device); updates `params` and `momentum_buffers` in place."""
     if not params:
         return
+    if params[0].device.type == "cpu":
+        _reference_cpu(params, grads, momentum_buffers, step, weight_decay, momentum, nesterov)
+        return
     steps = list(step.unbind(0)) if isinstance(step, torch.Tensor) else float(step)
     per_tensor = isinstance(steps, list)
     torch._foreach_mul_(momentum_buffers, momentum)
@@ -69,6 +72,22 @@ def reference(params, grads, momentum_buffers, step, weight_decay, momentum, nes
                             else 1.0 - weight_decay * steps)
     _axpy_(params, grads, [-s for s in steps] if per_tensor else -steps)
     torch._foreach_add_(params, momentum_buffers, alpha=-momentum)
+
+
+def _reference_cpu(params, grads, bufs, step, weight_decay, momentum, nesterov):
+    """CPU: steps as Python floats (reading them costs no device sync here), so each update is
+    an `add_(alpha=float)`, which runs 2x faster than `addcmul_` with a 0-d tensor."""
+    steps = step.tolist() if isinstance(step, torch.Tensor) else [float(step)] * len(params)
+    for w, g, v, s in zip(params, grads, bufs, steps):
+        v.mul_(momentum).add_(g, alpha=s)
+        if weight_decay:
+            v.add_(w, alpha=s * weight_decay)
+        if not nesterov:
+            w.sub_(v)
+            continue
+        if weight_decay:
+            w.mul_(1.0 - s * weight_decay)
+        w.add_(g, alpha=-s).add_(v, alpha=-momentum)
 
 
 def cuda(params, grads, momentum_buffers, step, weight_decay, momentum, nesterov=False):
