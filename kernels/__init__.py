@@ -1,11 +1,11 @@
 """Fused multi-tensor kernels for gradient communication and LARS, CUDA with CPU references.
 
-| function                | what it does                                            | used by          |
-|-------------------------|---------------------------------------------------------|------------------|
-| `pack_fp16`             | fp32 tensors x scale -> one fp16 buffer, overflow flag  | fp16 compression |
-| `unpack_fp16`           | fp16 buffer x scale -> fp32 tensors (or += into them)   | fp16 compression |
-| `multi_tensor_sq_norms` | per-tensor sum of squares and global L2 norm            | LARS, clipping   |
-| `lars_update`           | LARS momentum step with a per-tensor step size          | LARS             |
+| function                | what it does                                     | used by          |
+|-------------------------|--------------------------------------------------|------------------|
+| `pack_fp16`             | fp32 tensors x scale -> fp16 buffer + overflow   | fp16 compression |
+| `unpack_fp16`           | fp16 buffer x scale -> fp32 tensors (or +=)      | fp16 compression |
+| `multi_tensor_sq_norms` | per-tensor sum of squares, global L2 norm        | LARS, clipping   |
+| `lars_update`           | LARS momentum step, per-tensor step size         | LARS             |
 
 Dispatch by array kind: CUDA torch tensors and CuPy arrays run the CuPy kernels (one launch,
 in place, on the current stream, no host synchronisation); CPU torch tensors and NumPy arrays
@@ -114,7 +114,8 @@ def lars_update(params, grads, momentum_buffers, step, weight_decay, momentum, n
     """
     params, grads, bufs = list(params), list(grads), list(momentum_buffers)
     if not (len(params) == len(grads) == len(bufs)):
-        raise ValueError(f"lars_update: {len(params)} params, {len(grads)} grads, {len(bufs)} buffers")
+        raise ValueError(f"lars_update: {len(params)} params, {len(grads)} grads, "
+                         f"{len(bufs)} buffers")
     if not params:
         return
     per_tensor = not isinstance(step, numbers.Real)

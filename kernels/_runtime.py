@@ -33,7 +33,8 @@ def probe():
     except Exception as exc:  # driver/runtime errors: reported through the reason, not hidden
         return None, f"cupy {cupy.__version__} cannot query CUDA: {type(exc).__name__}: {exc}"
     if not usable:
-        return None, f"cupy {cupy.__version__} installed but no CUDA device (cupy.is_available() is False)"
+        return None, (f"cupy {cupy.__version__} installed but no CUDA device "
+                      "(cupy.is_available() is False)")
     n_devices = cupy.cuda.runtime.getDeviceCount()
     return cupy, f"cupy {cupy.__version__}, {n_devices} CUDA device(s)"
 

@@ -47,7 +47,9 @@ def reference(buf, tensors, scale, accumulate=False):
             continue
         widened = scratch[:n]
         widened.copy_(src)  # fp16 -> fp32 first: a mixed-dtype add_ is 6x slower
-        pieces = [widened] if len(parts) == 1 else list(torch.split(widened, [p.numel() for p in parts]))
+        pieces = [widened]
+        if len(parts) > 1:
+            pieces = list(torch.split(widened, [p.numel() for p in parts]))
         if accumulate:
             torch._foreach_add_(parts, pieces, alpha=scale)
         else:  # a run of small tensors: scale once, scatter with one call

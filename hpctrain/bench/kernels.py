@@ -138,12 +138,14 @@ def run(args):
 def print_table(device, baselines, rows, args):
     print(f"kernels bench on {device} ({kernels.backend()[1]}); torch threads={args.threads}; "
           f"{args.tensors} tensors; best of >= 3 runs")
-    head = f"{'op':<16}{'MB':>7}{'ms':>10}{'GB/s':>8}" + "".join(f"{'vs ' + b:>18}" for b in baselines)
+    ratios = "".join(f"{'vs ' + b:>18}" for b in baselines)
+    head = f"{'op':<16}{'MB':>7}{'ms':>10}{'GB/s':>8}{ratios}"
     print(head)
     print("-" * len(head))
     for row in rows:
-        print(f"{row['op']:<16}{row['size_mb']:>7g}{row['time_ms']:>10.3f}{row['payload_gb_s']:>8.2f}"
-              + "".join(f"{row['vs ' + b]:>18.2f}" for b in baselines))
+        ratios = "".join(f"{row['vs ' + b]:>18.2f}" for b in baselines)
+        print(f"{row['op']:<16}{row['size_mb']:>7g}{row['time_ms']:>10.3f}"
+              f"{row['payload_gb_s']:>8.2f}{ratios}")
 
 
 def main(argv: list[str]) -> int:

@@ -48,7 +48,7 @@ def parameters(source, name):
 
 def _check_type(c_type, value, pname):
     if "*" in c_type:
-        assert isinstance(value, (FakeArray, np.uint64)), f"{pname}: pointer expected, got {value!r}"
+        assert isinstance(value, (FakeArray, np.uint64)), f"{pname}: pointer, got {value!r}"
     elif c_type.endswith("int"):
         assert isinstance(value, np.int32), f"{pname}: int32 expected, got {type(value)}"
     elif c_type.endswith("float"):

@@ -7,9 +7,11 @@ def fp16_bits_equal(actual, expected):
     actual = np.asarray(actual, dtype=np.float16)
     expected = np.asarray(expected, dtype=np.float16)
     assert actual.shape == expected.shape
-    same = (actual.view(np.uint16) == expected.view(np.uint16)) | (np.isnan(actual) & np.isnan(expected))
+    same = actual.view(np.uint16) == expected.view(np.uint16)
+    same |= np.isnan(actual) & np.isnan(expected)
     bad = np.flatnonzero(~same)
-    assert bad.size == 0, f"{bad.size} mismatches, first at {bad[:5]}: {actual[bad[:5]]} vs {expected[bad[:5]]}"
+    first = bad[:5]
+    assert bad.size == 0, f"{bad.size} mismatches at {first}: {actual[first]} vs {expected[first]}"
 
 
 def numpy_pack(arrays, scale):

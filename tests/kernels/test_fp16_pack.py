@@ -46,7 +46,8 @@ def test_many_mixed_tensors_and_shapes():
     (F16_MAX, False), (-F16_MAX, False), (65519.0, False),  # 65519 rounds down to 65504
     (65520.0, True), (-65520.0, True), (1e6, True),
     (float("inf"), True), (float("-inf"), True), (float("nan"), True),
-    (6.0e-8, False), (1e-7, False), (2.9e-8, False), (1e-40, False),  # fp16 subnormals / fp32 denormal
+    # fp16 subnormals, one rounding to zero, an fp32 denormal
+    (6.0e-8, False), (1e-7, False), (2.9e-8, False), (1e-40, False),
 ])
 def test_fp16_limits(value, expect_flag):
     a = np.array([1.0, value, -2.0], np.float32)

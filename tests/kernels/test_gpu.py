@@ -16,9 +16,10 @@ cupy = pytest.importorskip("cupy", reason="CuPy not installed (pip install 'hpct
                            exc_type=ImportError)
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not cupy.is_available(), reason="cupy.is_available() is False: no CUDA device"),
+    pytest.mark.skipif(not cupy.is_available(), reason="cupy.is_available() is False (no GPU)"),
 ]
-needs_torch_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="torch built without CUDA")
+needs_torch_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
+                                      reason="torch built without CUDA")
 
 SIZES = [1, 7, CHUNK_ELEMS - 1, CHUNK_ELEMS, CHUNK_ELEMS + 1, 0, 3 * CHUNK_ELEMS + 5, 1000, 1 << 20]
 
