@@ -157,6 +157,11 @@ class GradSync:
         return []
 
     # --- the round ----------------------------------------------------------------------------
+    @property
+    def started(self) -> list[int]:
+        """Indices of the buckets started in the current round (by hooks or :meth:`begin`)."""
+        return sorted(self._pending)
+
     def _start(self, bucket: Bucket) -> None:
         bucket.gather_grads()
         self._pending[bucket.index] = Pending(self.reduce_bucket(bucket))

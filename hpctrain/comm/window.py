@@ -50,6 +50,8 @@ class SharedWindow:
     def view(self, rank: int, byte_offset: int, n_elems: int, dtype) -> torch.Tensor:
         """A 1-D tensor over local rank ``rank``'s memory (``byte_offset`` from its start)."""
         itemsize = torch.empty((), dtype=dtype).element_size()
+        if n_elems == 0:
+            return torch.empty(0, dtype=dtype)
         raw = self.mem[rank][byte_offset:byte_offset + n_elems * itemsize]
         return torch.from_numpy(raw).view(dtype)
 

@@ -77,7 +77,10 @@ def test_topology_emulated_nodes():
     assert topo.n_nodes == (size + 1) // 2
     assert topo.local_rank == comm.Get_rank() % 2 and topo.node == comm.Get_rank() // 2
     assert topo.inter.Get_size() == len(range(topo.local_rank, size, 2))
+    assert topo.node_sizes == tuple(min(2, size - 2 * k) for k in range(topo.n_nodes))  # 3 ranks: (2, 1)
+    assert topo.min_local_size == (1 if size % 2 else 2)
     topo.close()
     real = Topology.create(comm)
     assert real.n_nodes == 1 and real.local_size == size   # one host
+    assert real.node_sizes == (size,) and real.min_local_size == size
     real.close()
