@@ -1,0 +1,100 @@
+"""Serial tests of the communication layer's pure parts, against NumPy formulas."""
+import numpy as np
+import pytest
+import torch
+
+from hpctrain import comm as comm_lib
+from hpctrain.comm.base import bucket_sizes, make_buckets
+from hpctrain.comm.compression import FP16Compression, NoCompression, get
+from hpctrain.comm.hierarchical import sum_into
+from hpctrain.comm.progress import Pending, run
+from hpctrain.comm.ring import chunk_bounds, nonfinite
+from hpctrain.comm.window import layout
+
+
+@pytest.mark.parametrize("n_elems,n_parts", [(0, 3), (1, 4), (10, 3), (10007, 4), (8, 8)])
+def test_chunk_bounds_cover_in_near_equal_parts(n_elems, n_parts):
+    b = chunk_bounds(n_elems, n_parts)
+    assert b[0] == 0 and b[-1] == n_elems and len(b) == n_parts + 1
+    sizes = np.diff(b)
+    assert sizes.min() >= 0 and sizes.max() - sizes.min() <= 1
+
+
+def test_layout_aligns_every_block_to_a_cache_line():
+    offsets, total = layout([(3, torch.float32), (0, torch.float32), (5, torch.float64)])
+    assert offsets == [0, 64, 64] and total == 128
+
+
+@pytest.mark.parametrize("n_srcs", [1, 2, 3, 4])
+def test_sum_into_matches_numpy(n_srcs):
+    rng = np.random.default_rng(n_srcs)
+    srcs = [rng.standard_normal(1001).astype(np.float32) for _ in range(n_srcs)]
+    out = torch.empty(1001)
+    sum_into([torch.from_numpy(s) for s in srcs], out, scale=0.25, chunk=64)   # many chunks
+    want = np.zeros(1001, np.float32)
+    for s in srcs:
+        want += s
+    np.testing.assert_array_equal(out.numpy(), want * np.float32(0.25))
+
+
+def test_nonfinite_sees_inf_nan_and_nothing_else():
+    t = torch.arange(10, dtype=torch.float32)
+    assert not nonfinite(t) and not nonfinite(t[:0])
+    for bad in (float("inf"), float("-inf"), float("nan")):
+        u = t.clone()
+        u[3] = bad
+        assert nonfinite(u) and nonfinite(u.half())
+
+
+def test_fp16_codec_prescales_accumulates_in_fp32_and_rounds_like_numpy():
+    c, scale = FP16Compression(), 0.25
+    x = torch.tensor([1.0, -3.0, 60000.0, 1e-3], dtype=torch.float32)
+    wire = c.wire_buffer(x)
+    c.encode(x, wire, scale)
+    np.testing.assert_array_equal(wire.numpy(), (x.numpy() * scale).astype(np.float16))
+    acc = x.clone()
+    c.add(wire, acc, scale)                    # acc += unscaled neighbour partial sum
+    np.testing.assert_allclose(acc.numpy(), x.numpy() + wire.numpy().astype(np.float32) / scale,
+                               rtol=1e-7)
+    out = torch.empty(4)
+    c.finish(wire, out, scale)
+    np.testing.assert_array_equal(out.numpy(), wire.numpy().astype(np.float32))
+    with pytest.raises(ValueError, match="float32"):
+        c.check_dtype(torch.float64)
+
+
+def test_none_codec_is_in_place_and_post_scales():
+    c, x = NoCompression(), torch.tensor([2.0, 4.0])
+    assert c.wire_buffer(x) is x
+    c.add(torch.tensor([1.0, 1.0]), x, 0.5)
+    c.finish(x, x, 0.5)
+    assert x.tolist() == [1.5, 2.5]
+
+
+def test_unknown_names_are_one_line_errors():
+    with pytest.raises(ValueError, match="comm.compression.*fp16, none"):
+        get("bf16")
+    with pytest.raises(ValueError, match="comm.strategy.*flat, hierarchical"):
+        comm_lib.create("ring", [], None)
+
+
+def test_buckets_reverse_order_and_dtype_split():
+    ps = [torch.nn.Parameter(torch.zeros(n, dtype=d)) for n, d in
+          [(100, torch.float32), (100, torch.float32), (10, torch.float64), (300, torch.float32)]]
+    buckets = make_buckets(ps, bucket_bytes=800)
+    assert [[id(p) for p in b.params] for b in buckets] == [[id(ps[3])], [id(ps[2])],
+                                                            [id(ps[1]), id(ps[0])]]
+    assert bucket_sizes(ps, 800) == [(300, torch.float32), (10, torch.float64), (200, torch.float32)]
+    assert all(b.result is b.flat for b in buckets)
+
+
+def test_pending_runs_a_generator_to_its_return_value():
+    def algo(log):
+        log.append(1)
+        yield []                                # nothing to wait for: runs straight on
+        log.append(2)
+        return "done"
+    log = []
+    p = Pending(algo(log))
+    assert p.done and p.value == "done" and log == [1, 2] and p.poll()
+    assert run(algo([])) == "done"
