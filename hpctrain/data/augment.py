@@ -33,9 +33,10 @@ class Normalize:
         self.std = torch.tensor(normalize.get("std", [1.0] * n_channels), dtype=torch.float32)
 
     def __call__(self, x: np.ndarray) -> torch.Tensor:
-        t = torch.from_numpy(np.ascontiguousarray(x)).float()
+        t = torch.from_numpy(np.ascontiguousarray(x))
+        t = t.float() if t.dtype != torch.float32 else t.clone()
         view = (1, -1) + (1,) * max(t.dim() - 2, 0)
-        return (t - self.mean.view(view)) / self.std.view(view)
+        return t.sub_(self.mean.view(view)).div_(self.std.view(view))    # in place: one buffer
 
 
 def flip_params(n: int, gen: torch.Generator) -> torch.Tensor:

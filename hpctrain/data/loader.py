@@ -50,6 +50,9 @@ class LoaderStats:
         self.batches = 0
 
 
+_END = object()      # closes an epoch in the prefetch queue
+
+
 class _Prefetcher:
     """Runs a batch generator in a thread; exceptions are re-raised in the consumer."""
     _DONE = object()
@@ -116,7 +119,9 @@ class ShardLoader:
         idx = shards.index
         self.to_tensor = Normalize(idx.normalize, idx.sample_shape[0] if idx.sample_shape else 1)
         self.stats = LoaderStats()
+        self._bufs: dict = {}
         self._active: _Prefetcher | None = None
+        self._resume_at: tuple | None = None       # (epoch, augment) the running thread is at
         self.node = None
         if node_comm is not None:
             from hpctrain.data.noderead import NodeReader
@@ -135,40 +140,60 @@ class ShardLoader:
         return plan.rank_runs(self.shards.num_samples, self.size, self.rank if rank is None else rank,
                               epoch=epoch, seed=self.seed, block_size=self.block_size, total=total)
 
-    def raw_batches(self, epoch: int, skip: int = 0, rank: int | None = None):
-        """``rank``'s batches as read from the shards (encoded for JPEG), window-shuffled."""
+    def _buffers(self, rank: int, capacity: int):
+        """The window buffers of ``rank``, kept across epochs (fresh pages cost more than the copy)."""
+        jpeg = self.shards.index.encoding == "jpeg"
+        key = (rank, capacity)
+        if key not in self._bufs:
+            x = np.empty(capacity, object) if jpeg else np.empty((capacity, *self.shards.index.sample_shape),
+                                                                 self.shards.index.dtype)
+            self._bufs[key] = (x, np.empty(capacity, np.int64))
+        return self._bufs[key]
+
+    def window_batches(self, epoch: int, skip: int = 0, rank: int | None = None):
+        """``rank``'s batches as ``(x_window, y_window, indices)``: valid until the next item.
+
+        The runs are read straight into a reused window buffer (``read_direct``); each batch is a
+        random subset of the window, so the only copy after the read is the batch gather.
+        """
         rank = self.rank if rank is None else rank
         rng = np.random.default_rng([self.seed, epoch, 1 + rank])  # per-rank offset: 1 + rank
-        window = max(self.shuffle_window, self.batch_size)
-        pend_x, pend_y, emitted, pending = [], [], 0, 0
-
-        def drain():
-            nonlocal pend_x, pend_y, pending, emitted
-            x, y = np.concatenate(pend_x), np.concatenate(pend_y)
-            perm = rng.permutation(len(x)) if self.shuffle_window else np.arange(len(x))
-            x, y = x[perm], y[perm]
-            n_full = len(x) // self.batch_size * self.batch_size
-            for s in range(0, n_full, self.batch_size):
-                if emitted >= self.steps:
-                    break
-                if emitted >= skip:
-                    yield x[s:s + self.batch_size], y[s:s + self.batch_size]
-                emitted += 1
-            pend_x, pend_y = [x[n_full:]], [y[n_full:]]
-            pending = len(x) - n_full
-
-        for a, b in self.runs(epoch, rank):
-            for s in range(a, b, window):
+        window, b = max(self.shuffle_window, self.batch_size), self.batch_size
+        xw, yw = self._buffers(rank, 2 * window)
+        pos = emitted = 0
+        for a, stop in self.runs(epoch, rank):
+            for s in range(a, stop, window):
+                e = min(stop, s + window)
                 t0 = time.perf_counter()
-                x, y = self.shards.read_range(s, min(b, s + window))
+                self.shards.read_into(s, e, xw[pos:], yw[pos:])
                 self.stats.read_s += time.perf_counter() - t0
-                pend_x.append(x)
-                pend_y.append(y)
-                pending += len(x)
-                if pending >= window:
-                    yield from drain()
-        if pending:
-            yield from drain()
+                pos += e - s
+                if pos < window:
+                    continue
+                perm = rng.permutation(pos) if self.shuffle_window else np.arange(pos)
+                n_full = pos // b * b
+                for k in range(0, n_full, b):
+                    if emitted >= self.steps:
+                        return
+                    if emitted >= skip:
+                        yield xw, yw, perm[k:k + b]
+                    emitted += 1
+                rest = perm[n_full:]
+                xw[:len(rest)], yw[:len(rest)] = xw[rest], yw[rest]
+                pos = len(rest)
+        if pos and emitted < self.steps:
+            perm = rng.permutation(pos) if self.shuffle_window else np.arange(pos)
+            for k in range(0, pos // b * b, b):
+                if emitted >= self.steps:
+                    return
+                if emitted >= skip:
+                    yield xw, yw, perm[k:k + b]
+                emitted += 1
+
+    def raw_batches(self, epoch: int, skip: int = 0, rank: int | None = None):
+        """``rank``'s batches as read from the shards (encoded for JPEG), window-shuffled."""
+        for xw, yw, idx in self.window_batches(epoch, skip, rank):
+            yield xw[idx], yw[idx]
 
     def decoded_batches(self, epoch: int, skip: int = 0, rank: int | None = None):
         """Like :meth:`raw_batches`, with JPEG samples decoded to ``sample_shape`` uint8."""
@@ -184,7 +209,7 @@ class ShardLoader:
     def _batches(self, epoch: int, skip: int, augment: bool):
         source = self.node.batches(epoch, skip) if self.node else self.decoded_batches(epoch, skip)
         gen = generator_for(self.seed, epoch, self.rank)
-        for k, (x, y) in enumerate(source):
+        for x, y in source:
             t0 = time.perf_counter()
             t = self.to_tensor(x)
             if augment and self.transform is not None:
@@ -193,24 +218,49 @@ class ShardLoader:
             self.stats.batches += 1
             yield t, torch.from_numpy(np.ascontiguousarray(y))
 
+    def _stream(self, epoch: int, skip: int, augment: bool):
+        """Epoch after epoch, each closed by ``_END``: the thread runs on into the next epoch, so
+        its first batches are ready when the training loop asks for them (not with a node reader,
+        whose window protocol is per epoch)."""
+        while True:
+            yield from self._batches(epoch, skip, augment)
+            yield _END
+            if self.node:
+                return
+            epoch, skip = epoch + 1, 0
+
+    def _take(self, it, epoch: int, augment: bool):
+        for item in it:
+            if item is _END:
+                self._resume_at = None if self.node else (epoch + 1, augment)
+                return
+            yield item
+
     def epoch(self, epoch: int, skip: int = 0, augment: bool = True) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """This rank's batches for ``epoch`` (``skip`` batches already done, for resume).
 
-        With ``augment=False`` the same batches come without the transform. Starting a new epoch
-        stops the previous one's background thread, so an epoch may be abandoned part-way.
+        With ``augment=False`` the same batches come without the transform. An epoch may be
+        abandoned part-way: the next call restarts the background thread.
         """
+        if not self.prefetch:
+            return self._batches(epoch, skip, augment) if not self.node else self._node_epoch(epoch, skip, augment)
+        if self._active is not None and not skip and self._resume_at == (epoch, augment):
+            self._resume_at = None
+            return self._take(iter(self._active), epoch, augment)
         if self.node:
             self.node.cancel()      # unblocks a thread still waiting on the window
         self._stop_active()
         if self.node:
             self.node.start(epoch, skip)
-        gen = self._batches(epoch, skip, augment)
-        if not self.prefetch:
-            return gen
-        self._active = _Prefetcher(gen, self.prefetch, self.stats)
-        return iter(self._active)
+        self._active = _Prefetcher(self._stream(epoch, skip, augment), self.prefetch, self.stats)
+        return self._take(iter(self._active), epoch, augment)
+
+    def _node_epoch(self, epoch: int, skip: int, augment: bool):
+        self.node.start(epoch, skip)
+        return self._batches(epoch, skip, augment)
 
     def _stop_active(self) -> None:
+        self._resume_at = None
         if self._active is not None:
             self._active.close()
             self._active = None

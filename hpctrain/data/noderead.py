@@ -24,6 +24,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from hpctrain.data.images import decode_batch
 from hpctrain.data.shards import ShardError
 
 SEQ_STRIDE = 1 << 32
@@ -118,15 +119,21 @@ class NodeReader:
 
     def _produce(self, epoch: int, skip: int, base: int, cancel: threading.Event) -> None:
         try:
-            gens = [self.loader.decoded_batches(epoch, skip, rank=r) for r in self.ranks]
+            jpeg = self.loader.shards.index.encoding == "jpeg"
+            gens = [self.loader.window_batches(epoch, skip, rank=r) for r in self.ranks]
             for t in range(skip, self.loader.steps):
                 s, seq = t % self.slots, base + t + 1
                 if not self._wait(lambda: bool((self.taken[s] >= seq - self.slots).all()), cancel):
                     return
                 for j, gen in enumerate(gens):
-                    x, y = next(gen)
-                    self.xs[s][j][...] = x
-                    self.ys[s][j][...] = y
+                    xw, yw, idx = next(gen)
+                    if jpeg:
+                        self.xs[s][j][...] = decode_batch(xw[idx], self.shape)
+                    else:
+                        slot = self.xs[s][j]
+                        for k, i in enumerate(idx):   # gather straight into the window (np.take(out=) is slower)
+                            slot[k] = xw[i]
+                    self.ys[s][j][...] = yw[idx]
                 self.win.Sync()
                 self.ready[s] = seq
                 self.win.Sync()

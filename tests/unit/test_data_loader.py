@@ -112,3 +112,14 @@ def test_errors_reach_the_training_thread(uneven, tmp_path):
     from hpctrain.data import ShardError
     with pytest.raises(ShardError, match="train-00003-of-00005.h5: shard file missing"):
         list(ld.epoch(0))
+
+
+def test_thread_running_ahead_into_next_epoch_changes_nothing(uneven):
+    kw = dict(batch_size=4, block_size=7, shuffle_window=20, seed=3, transform=Augment("flip"))
+    sync = loaders(uneven, 2, prefetch=0, **kw)[1]
+    ahead = loaders(uneven, 2, prefetch=3, **kw)[1]
+    for epoch, augment in ((0, True), (1, True), (2, False), (3, False), (4, True)):
+        want, got = list(sync.epoch(epoch, augment=augment)), list(ahead.epoch(epoch, augment=augment))
+        assert len(got) == len(want) == sync.steps
+        assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(want, got))
+    ahead.close()

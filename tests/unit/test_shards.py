@@ -159,4 +159,28 @@ def test_version1_index_still_reads(npz_dataset):
 def test_serial_driver_described(npz_dataset):
     d, _, _ = npz_dataset
     s = ShardSet(read_index(d), "train")
-    assert s.driver == "serial" and "serial HDF5" in s.describe() and "no communicator" in s.describe()
+    assert s.driver == "serial" and "serial per-shard files" in s.describe() and "no communicator" in s.describe()
+
+
+def test_direct_reads_and_h5py_fallback_agree(npz_dataset):
+    import h5py
+    d, x, y = npz_dataset
+    path = os.path.join(d, "train-00001-of-00004.h5")
+    with h5py.File(path, "r+") as fh:                    # shard 1 rewritten chunked: no direct reads
+        data = fh["x"][:]
+        del fh["x"]
+        fh.create_dataset("x", data=data, chunks=(4, 3, 5, 4))
+    s = ShardSet(read_index(d), "train")
+    gx, gy = s.read_range(10, 90)
+    np.testing.assert_array_equal(gx, x[10:90])
+    np.testing.assert_array_equal(gy, y[10:90])
+    assert s._direct[0][0] is not None and s._direct[1][0] is None and s._direct[1][1] is not None
+
+
+def test_cut_tail_is_reported_as_truncated(npz_dataset):
+    d, _, _ = npz_dataset
+    path = os.path.join(d, "train-00003-of-00004.h5")
+    with open(path, "r+b") as fh:
+        fh.truncate(os.path.getsize(path) - 100)
+    with pytest.raises(ShardError, match="train-00003-of-00004.h5: (truncated|cannot open shard)"):
+        ShardSet(read_index(d), "train").check()
