@@ -7,10 +7,13 @@ DESIGN.md), so our ring (:mod:`hpctrain.comm.ring`) sums itself and needs three 
 
 * ``encode(src, wire, scale)``  a partial sum held in fp32 ``src`` -> what travels (``wire``)
 * ``add(recv, dst, scale)``     ``dst += `` the partial sum a neighbour sent (accumulated in fp32)
+* ``own(src, wire, scale)``     the chunk this rank completed: finalise it in ``wire`` (scaled)
+                                for the allgather; returns True if it holds inf/NaN
 * ``finish(wire, dst, scale)``  ``dst <- scale * total`` from the fully gathered wire buffer
 
 Strategies never branch on dtype: they hand buffers to the codec. ``scale`` is ``1 / world``:
-``none`` applies it after summing (exactly what ``Allreduce`` then divide gives); ``fp16``
+``none`` applies it after summing, to the one chunk each rank completes (exactly what
+``Allreduce`` then divide gives, for 1/n of the passes); ``fp16``
 applies it *before* rounding to fp16 (pre-division, Horovod's ``gradient_predivide_factor``,
 torch's ``fp16_compress_hook``) so that the sum of ``world`` gradients of magnitude up to 65504
 cannot overflow.
@@ -20,6 +23,7 @@ from __future__ import annotations
 import torch
 
 import kernels
+from hpctrain.comm.ring import nonfinite
 
 
 class NoCompression:
@@ -40,8 +44,12 @@ class NoCompression:
     def add(self, recv, dst, scale: float) -> None:
         dst.add_(recv)
 
+    def own(self, src, wire, scale: float) -> bool:
+        src.mul_(scale)
+        return nonfinite(src)
+
     def finish(self, wire, dst, scale: float) -> None:
-        dst.mul_(scale)
+        """Nothing to do: every chunk arrived scaled, in place."""
 
 
 class FP16Compression:
@@ -72,6 +80,10 @@ class FP16Compression:
 
     def add(self, recv, dst, scale: float) -> None:
         kernels.unpack_fp16(recv, [dst], 1.0 / scale, accumulate=True)
+
+    def own(self, src, wire, scale: float) -> bool:
+        # The flag is of the fp16 values every rank will hold: overflow in rounding shows.
+        return bool(kernels.pack_fp16([src], wire, scale))
 
     def finish(self, wire, dst, scale: float) -> None:
         kernels.unpack_fp16(wire, [dst], 1.0)      # the wire already holds scale * total

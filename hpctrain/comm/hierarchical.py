@@ -24,8 +24,9 @@ from hpctrain.comm.base import Bucket, GradSync
 from hpctrain.comm.ring import RingBuffers, chunk_bounds, nonfinite, ring_allreduce
 from hpctrain.comm.window import SharedWindow, aligned, layout
 
-CHUNK_ELEMS = 1 << 16
-"""Elements summed per step (256 KiB of fp32): the output chunk stays in L2 across the adds."""
+CHUNK_ELEMS = 1 << 18
+"""Elements summed per step (1 MiB of fp32 out, 2 MiB in): stays in L2 across the adds and the
+scaling; smaller chunks measured slower (Python dispatch per chunk), larger no faster."""
 
 
 def sum_into(srcs, out: torch.Tensor, scale: float = 1.0, chunk: int = CHUNK_ELEMS) -> None:

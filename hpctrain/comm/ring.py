@@ -21,6 +21,7 @@ import torch
 from mpi4py import MPI
 
 SMALL_BYTES = 64 * 1024
+SMALL_ELEMS = 1 << 14
 TAG_SCATTER, TAG_GATHER = 11, 12
 
 
@@ -30,10 +31,12 @@ def chunk_bounds(n_elems: int, n_parts: int) -> list[int]:
 
 
 def nonfinite(t: torch.Tensor) -> bool:
-    """Does ``t`` hold inf or NaN? ``aminmax`` sees both infinities and propagates NaN in one pass
-    (far cheaper than ``isfinite(t).all()``, which materialises a bool tensor)."""
-    if t.numel() == 0:
-        return False
+    """Does ``t`` hold inf or NaN? Small tensors: NumPy ``isfinite`` (2 us for 1 K elements where
+    a torch reduction costs 15 us of dispatch). Large: one ``aminmax`` pass, which sees both
+    infinities and propagates NaN (far cheaper than ``isfinite(t).all()``, which materialises a
+    bool tensor)."""
+    if t.numel() <= SMALL_ELEMS:
+        return not bool(np.isfinite(t.detach().numpy()).all())
     lo, hi = torch.aminmax(t)
     return not bool(torch.isfinite(lo) & torch.isfinite(hi))
 
@@ -86,9 +89,13 @@ def ring_allreduce(buf: RingBuffers, comm: MPI.Comm, codec, scale: float):
         yield [comm.Isend(_msg(wire[send]), right, TAG_SCATTER),
                comm.Irecv(_msg(tmp), left, TAG_SCATTER)]
         codec.add(tmp, acc[recv], scale)
-        codec.encode(acc[recv], wire[recv], scale)
-    # Chunk r+1 is now complete here; its flag, OR-ed over ranks, travels with the allgather.
-    flag = np.array([nonfinite(wire[part(r + 1)])], dtype=np.uint8)
+        if s < n - 2:
+            codec.encode(acc[recv], wire[recv], scale)
+    # Chunk r+1 is now complete here: the codec finalises it (scales or encodes it once, so all
+    # ranks get these very bytes) and says whether it holds inf/NaN; OR-ed over ranks, the flag
+    # travels with the allgather.
+    mine = part(r + 1)
+    flag = np.array([codec.own(acc[mine], wire[mine], scale)], dtype=np.uint8)
     reqs = [comm.Iallreduce(MPI.IN_PLACE, flag, op=MPI.MAX)]
     for s in range(n - 1):
         send, recv = part(r - s + 1), part(r - s)

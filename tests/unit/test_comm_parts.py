@@ -56,6 +56,8 @@ def test_fp16_codec_prescales_accumulates_in_fp32_and_rounds_like_numpy():
     c.add(wire, acc, scale)                    # acc += unscaled neighbour partial sum
     np.testing.assert_allclose(acc.numpy(), x.numpy() + wire.numpy().astype(np.float32) / scale,
                                rtol=1e-7)
+    assert c.own(x, wire, scale) is False and c.own(x * 10, wire, scale) is True   # 600000/4
+    c.encode(x, wire, scale)
     out = torch.empty(4)
     c.finish(wire, out, scale)
     np.testing.assert_array_equal(out.numpy(), wire.numpy().astype(np.float32))
@@ -67,8 +69,10 @@ def test_none_codec_is_in_place_and_post_scales():
     c, x = NoCompression(), torch.tensor([2.0, 4.0])
     assert c.wire_buffer(x) is x
     c.add(torch.tensor([1.0, 1.0]), x, 0.5)
+    assert c.own(x, x, 0.5) is False
     c.finish(x, x, 0.5)
     assert x.tolist() == [1.5, 2.5]
+    assert c.own(torch.tensor([1.0, float("inf")]), None, 0.5) is True
 
 
 def test_unknown_names_are_one_line_errors():

@@ -1,0 +1,178 @@
+"""Allreduce benchmark: hpctrain's strategies against mpi4py's ``Allreduce`` and torch gloo.
+
+    mpiexec -n 2 .venv/bin/python -m hpctrain bench allreduce [--sizes 4K,64M] [--iters 10]
+            [--ranks-per-node K] [--json FILE]
+
+For each fp32 payload size: mpi4py ``Allreduce`` in place on a NumPy buffer (the baseline),
+hpctrain ``flat`` and ``hierarchical`` with compression ``none`` and ``fp16``, and
+``torch.distributed`` gloo (the peer). Only the collective is timed: the data is already in the
+bucket (for ``hierarchical``, in the shared window) and the mean is left where the strategy
+leaves it (read in place). Each timed iteration is preceded by an untimed refill of the input
+and a barrier; an iteration's time is the slowest rank's; the table shows the median.
+algbw = bytes / time and busbw = algbw * 2(n-1)/n (nccl-tests' definitions, PERFORMANCE.md
+there), where bytes is the fp32 payload, also for fp16 (its effective bandwidth).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import time
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from hpctrain import comm as comm_lib
+from hpctrain.comm.progress import run
+from hpctrain.topology import Topology
+
+DEFAULT_SIZES = "4K,64K,1M,4M,16M,64M,256M"
+UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "M": 2**20, "MB": 2**20, "G": 2**30, "GB": 2**30}
+
+
+def parse_size(text: str) -> int:
+    """'64M' -> 67108864 bytes (binary units; a multiple of 4, the fp32 element)."""
+    t = text.strip().upper()
+    digits = t.rstrip("KMGB")
+    n_bytes = int(float(digits) * UNITS[t[len(digits):]])
+    if n_bytes <= 0 or n_bytes % 4:
+        raise argparse.ArgumentTypeError(f"size {text!r} must be a positive multiple of 4 bytes")
+    return n_bytes
+
+
+def bandwidths(n_bytes: int, time_s: float, world_size: int) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s (1e9 bytes), nccl-tests' definitions."""
+    algbw = n_bytes / time_s / 1e9
+    return algbw, algbw * 2 * (world_size - 1) / world_size
+
+
+def timed(comm: MPI.Comm, op, refill, iters: int, warmup: int) -> float:
+    """Median over iterations of the slowest rank's time of ``op()`` (seconds)."""
+    times = []
+    for i in range(warmup + iters):
+        refill()
+        comm.Barrier()
+        t0 = time.perf_counter()
+        op()
+        dt = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+        if i >= warmup:
+            times.append(dt)
+    return float(np.median(times))
+
+
+def bench_mpi4py(comm, src, iters, warmup):
+    buf = src.numpy().copy()
+    return timed(comm, lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM),
+                 lambda: np.copyto(buf, src.numpy()), iters, warmup)
+
+
+def bench_strategy(name, codec, topo, src, iters, warmup):
+    param = torch.nn.Parameter(torch.zeros(src.numel()))
+    sync = comm_lib.create(name, [param], topo, bucket_bytes=src.numel() * 4, compression=codec)
+    bucket = sync.buckets[0]
+    try:
+        return timed(topo.comm, lambda: run(sync.reduce_bucket(bucket)),
+                     lambda: bucket.flat.copy_(src), iters, warmup)
+    finally:
+        sync.close()
+
+
+def init_gloo(comm):
+    import torch.distributed as dist
+    port = None
+    if comm.Get_rank() == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    port = comm.bcast(port, root=0)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                            rank=comm.Get_rank(), world_size=comm.Get_size())
+    return dist
+
+
+def bench_gloo(dist, comm, src, iters, warmup):
+    buf = src.clone()
+    return timed(comm, lambda: dist.all_reduce(buf), lambda: buf.copy_(src), iters, warmup)
+
+
+def measure(args, comm) -> list[dict]:
+    topo = Topology.create(comm, args.ranks_per_node)
+    dist = None if args.no_gloo else init_gloo(comm)
+    rows, n = [], comm.Get_size()
+    rng = np.random.default_rng(comm.Get_rank())
+    for n_bytes in args.sizes:
+        src = torch.from_numpy(rng.standard_normal(n_bytes // 4).astype(np.float32))
+        runs = [("mpi4py", "none", lambda: bench_mpi4py(comm, src, args.iters, args.warmup))]
+        for name in args.strategies:
+            for codec in args.compressions:
+                runs.append((name, codec, lambda name=name, codec=codec:
+                             bench_strategy(name, codec, topo, src, args.iters, args.warmup)))
+        if dist is not None:
+            runs.append(("gloo", "none", lambda: bench_gloo(dist, comm, src, args.iters, args.warmup)))
+        for impl, codec, fn in runs:
+            t = fn()
+            algbw, busbw = bandwidths(n_bytes, t, n)
+            rows.append({"impl": impl, "compression": codec, "ranks_per_node": topo.local_size,
+                         "world_size": n, "bytes": n_bytes, "time_s": t,
+                         "algbw_GBps": algbw, "busbw_GBps": busbw})
+    if dist is not None:
+        dist.destroy_process_group()
+    topo.close()
+    return rows
+
+
+def format_table(rows) -> str:
+    """One line per (size, impl): time, bandwidths, speed-up over mpi4py and over gloo."""
+    base = {(r["bytes"]): r["time_s"] for r in rows if r["impl"] == "mpi4py"}
+    gloo = {(r["bytes"]): r["time_s"] for r in rows if r["impl"] == "gloo"}
+    head = (f"{'bytes':>10} {'impl':<13} {'comp':<5} {'time_ms':>9} {'algbw':>7} {'busbw':>7} "
+            f"{'x mpi4py':>9} {'x gloo':>7}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        t, b = r["time_s"], r["bytes"]
+        vs_g = f"{gloo[b] / t:7.2f}" if b in gloo else f"{'-':>7}"
+        lines.append(f"{_human(b):>10} {r['impl']:<13} {r['compression']:<5} {t * 1e3:9.3f} "
+                     f"{r['algbw_GBps']:7.2f} {r['busbw_GBps']:7.2f} {base[b] / t:9.2f} {vs_g}")
+    return "\n".join(lines)
+
+
+def _human(n_bytes: int) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n_bytes >= size and n_bytes % size == 0:
+            return f"{n_bytes // size}{unit}"
+    return f"{n_bytes}B"
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="hpctrain bench allreduce", description=__doc__.split("\n")[0])
+    p.add_argument("--sizes", default=DEFAULT_SIZES,
+                   type=lambda s: [parse_size(x) for x in s.split(",") if x],
+                   help=f"comma-separated fp32 payload sizes (default {DEFAULT_SIZES})")
+    p.add_argument("--iters", type=int, default=10, help="timed iterations per size (median)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed iterations first")
+    p.add_argument("--ranks-per-node", type=int, default=0,
+                   help="emulate K ranks per node for hierarchical (0: real nodes)")
+    p.add_argument("--strategies", default=",".join(sorted(comm_lib.STRATEGIES)),
+                   type=lambda s: s.split(","))
+    p.add_argument("--compressions", default="none,fp16", type=lambda s: s.split(","))
+    p.add_argument("--no-gloo", action="store_true", help="skip the torch.distributed peer")
+    p.add_argument("--json", metavar="FILE", help="write the rows as a JSON list")
+    return p.parse_args(argv)
+
+
+def main(argv) -> int:
+    args = parse_args(argv)
+    comm = MPI.COMM_WORLD
+    torch.set_num_threads(1)
+    rows = measure(args, comm)
+    if comm.Get_rank() == 0:
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+        print(f"allreduce: {comm.Get_size()} ranks, ranks_per_node={args.ranks_per_node or 'real'}, "
+              f"median of {args.iters} (after {args.warmup} warm-up), 1-min load {load:.2f}")
+        print(format_table(rows))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
+    return 0
