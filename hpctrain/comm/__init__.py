@@ -18,7 +18,9 @@ compression   when to use it
 none          exact fp32/fp64 sums; the default.
 fp16          bandwidth-bound networks: half the bytes on the wire, pre-divided by the world
               size, fp32 accumulation; ~1e-3 relative error. Only what crosses the wire is
-              compressed (nothing, for ``hierarchical`` on one node). float32 gradients only.
+              compressed: buckets above 64 KiB, and nothing for ``hierarchical`` on one node.
+              On one host the "wire" is a memory copy and fp16 gains little (see README).
+              float32 gradients only.
 ============  ==============================================================================
 
 ``create(name, params, topology, *, bucket_bytes, compression="none", overlap=False)``; the

@@ -11,7 +11,8 @@ DESIGN.md), so our ring (:mod:`hpctrain.comm.ring`) sums itself and needs three 
                                 for the allgather; returns True if it holds inf/NaN
 * ``finish(wire, dst, scale)``  ``dst <- scale * total`` from the fully gathered wire buffer
 
-Strategies never branch on dtype: they hand buffers to the codec. ``scale`` is ``1 / world``:
+Strategies never branch on dtype: they hand buffers to the codec. Buckets of at most
+``ring.SMALL_BYTES`` are latency-bound and travel uncompressed (see :mod:`hpctrain.comm.ring`). ``scale`` is ``1 / world``:
 ``none`` applies it after summing, to the one chunk each rank completes (exactly what
 ``Allreduce`` then divide gives, for 1/n of the passes); ``fp16``
 applies it *before* rounding to fp16 (pre-division, Horovod's ``gradient_predivide_factor``,
@@ -30,7 +31,6 @@ class NoCompression:
     """Full precision on the wire; the wire buffer *is* the accumulator (no copies)."""
 
     name = "none"
-    mpi_native = True       # MPI can sum this wire format itself (Allreduce/Iallreduce)
 
     def check_dtype(self, dtype: torch.dtype) -> None:
         """Any floating dtype MPI can sum."""
@@ -65,7 +65,6 @@ class FP16Compression:
     """
 
     name = "fp16"
-    mpi_native = False
 
     def check_dtype(self, dtype: torch.dtype) -> None:
         if dtype != torch.float32:
