@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from hpctrain import comm as comm_lib
+from hpctrain.bench import allreduce
 from hpctrain.comm.base import bucket_sizes, make_buckets
 from hpctrain.comm.compression import FP16Compression, NoCompression, get
 from hpctrain.comm.hierarchical import sum_into
@@ -102,3 +103,11 @@ def test_pending_runs_a_generator_to_its_return_value():
     p = Pending(algo(log))
     assert p.done and p.value == "done" and log == [1, 2] and p.poll()
     assert run(algo([])) == "done"
+
+
+def test_parse_size_and_bandwidths():
+    assert allreduce.parse_size("4K") == 4096 and allreduce.parse_size("64MB") == 64 * 2**20
+    with pytest.raises(Exception):
+        allreduce.parse_size("3")
+    algbw, busbw = allreduce.bandwidths(2 * 10**9, 2.0, 4)
+    assert algbw == 1.0 and busbw == 1.5          # nccl-tests: busbw = algbw * 2(n-1)/n
