@@ -1,7 +1,12 @@
-"""Data: the shard format, the per-epoch block plan and the per-rank loader."""
-from hpctrain.data.loader import ShardLoader, eval_batches
+"""Data: the shard format, the per-epoch block plan, the per-rank loader, augmentation.
+
+``train_loader`` / ``open_split`` (``factory.py``) build them from the ``[data]`` options.
+"""
+from hpctrain.data.augment import Augment, Normalize
+from hpctrain.data.factory import open_split, train_loader
+from hpctrain.data.loader import LoaderStats, ShardLoader, eval_batches
 from hpctrain.data.plan import block_range, rank_runs, steps_per_epoch
 from hpctrain.data.shards import ShardError, ShardIndex, ShardSet, read_index
 
-__all__ = ["ShardLoader", "eval_batches", "block_range", "rank_runs", "steps_per_epoch",
-           "ShardError", "ShardIndex", "ShardSet", "read_index"]
+__all__ = ["Augment", "Normalize", "open_split", "train_loader", "LoaderStats", "ShardLoader", "eval_batches",
+           "block_range", "rank_runs", "steps_per_epoch", "ShardError", "ShardIndex", "ShardSet", "read_index"]

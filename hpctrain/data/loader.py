@@ -119,6 +119,7 @@ class ShardLoader:
         idx = shards.index
         self.to_tensor = Normalize(idx.normalize, idx.sample_shape[0] if idx.sample_shape else 1)
         self.stats = LoaderStats()
+        self.owns_shards = False                   # close() closes the ShardSet too (factory loaders)
         self._bufs: dict = {}
         self._active: _Prefetcher | None = None
         self._resume_at: tuple | None = None       # (epoch, augment) the running thread is at
@@ -266,13 +267,17 @@ class ShardLoader:
             self._active = None
 
     def close(self) -> None:
-        """Stop background threads; with a node reader this frees the window (collective on the node)."""
+        """Stop background threads; with a node reader this frees the window (collective on the node);
+        closes the shards when the loader owns them (collective with ``mpio``)."""
         if self.node:
             self.node.cancel()
         self._stop_active()
         if self.node:
             self.node.close()
             self.node = None
+        if self.owns_shards:
+            self.shards.close()
+            self.owns_shards = False
 
 
 def eval_batches(shards: ShardSet, *, rank: int, size: int, batch_size: int):

@@ -74,3 +74,28 @@ def test_mpio_reads_equal_serial(dataset):
         np.testing.assert_array_equal(got, want)
     par.close()
     ser.close()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("reader,driver", [("rank", "auto"), ("rank", "serial"), ("node", "auto")])
+def test_factory_loaders_agree(dataset, reader, driver):
+    from hpctrain.data import open_split, train_loader
+    comm = MPI.COMM_WORLD
+    topo = Topology.create(comm, 2)
+    idx = read_index(dataset)
+    kw = dict(batch_size=5, seed=4, block_size=6, shuffle_window=30, augment=True, augment_kind="padcrop")
+    ref = train_loader(idx, topo, reader="rank", hdf5_driver="serial", **kw)
+    ld = train_loader(idx, topo, reader=reader, hdf5_driver=driver, **kw)
+    assert ("node-level" in ld.describe()) == (reader == "node")
+    assert ("mpio" in ld.describe()) == (driver == "auto" and (reader == "rank" or topo.local_rank == 0))
+    for epoch in (0, 1):
+        for (x1, y1), (x2, y2) in zip(ref.epoch(epoch), ld.epoch(epoch)):
+            assert torch.equal(x1, x2) and torch.equal(y1, y2)
+    test = open_split(idx, "train", topo, driver=driver)
+    assert test.read_range(0, 3)[0].shape == (3, 3, 6, 5)
+    test.close()
+    ld.close()
+    ref.close()
+    with pytest.raises(ValueError, match="config data.reader: expected one of rank | node, got 'disk'"):
+        train_loader(idx, topo, batch_size=4, reader="disk")
+    topo.close()

@@ -1,0 +1,56 @@
+"""Build the training loader and the evaluation split from the data options, for ``train.py``.
+
+The options are the fields of ``DataConfig`` passed by name (this module does not import the
+config). ``reader="node"``: the node's local rank 0 opens the training shards — collectively over
+the node readers (``Topology.inter`` of local rank 0) with ``mpio`` — and fills the shared
+window; the other ranks never open them. Evaluation splits are read by every rank.
+"""
+from __future__ import annotations
+
+from hpctrain.data.augment import KINDS, Augment
+from hpctrain.data.hdf5 import DRIVERS
+from hpctrain.data.loader import ShardLoader
+from hpctrain.data.shards import ShardIndex, ShardSet
+
+READERS = ("rank", "node")
+
+
+def _check(key: str, value: str, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ValueError(f"config data.{key}: expected one of {' | '.join(allowed)}, got {value!r}")
+
+
+def open_split(index: ShardIndex, split: str, topo, *, driver: str = "auto") -> ShardSet:
+    """A split every rank reads (evaluation); with ``mpio`` the open is collective over ``topo.comm``."""
+    _check("hdf5_driver", driver, DRIVERS)
+    return ShardSet(index, split, comm=topo.comm, driver=driver)
+
+
+def train_loader(index: ShardIndex, topo, *, batch_size: int, seed: int = 0, block_size: int = 32,
+                 shuffle_window: int = 1024, prefetch: int = 2, drop_last: bool = True, augment: bool = False,
+                 augment_kind: str = "auto", augment_flip: bool = True, reader: str = "rank",
+                 hdf5_driver: str = "auto", split: str = "train") -> ShardLoader:
+    """The per-rank training loader (``batch_size`` per rank). Collective over ``topo.comm``.
+
+    ``loader.close()`` stops its threads, frees the node window and closes the shards (all
+    collective where the parts are); ``loader.describe()`` is the start-up log line.
+    """
+    _check("reader", reader, READERS)
+    _check("hdf5_driver", hdf5_driver, DRIVERS)
+    _check("augment_kind", augment_kind, KINDS)
+    if reader == "node":
+        if topo.local_rank == 0:
+            shards = ShardSet(index, split, comm=topo.inter, driver=hdf5_driver)
+        else:
+            shards = ShardSet(index, split, driver="serial")          # never read on this rank
+        node_comm = topo.intra
+    else:
+        shards, node_comm = ShardSet(index, split, comm=topo.comm, driver=hdf5_driver), None
+    if reader == "rank" or topo.local_rank == 0:
+        shards.check()
+    transform = Augment(augment_kind, flip=augment_flip) if augment else None
+    loader = ShardLoader(shards, rank=topo.rank, size=topo.size, batch_size=batch_size, seed=seed,
+                         block_size=block_size, shuffle_window=shuffle_window, prefetch=prefetch,
+                         drop_last=drop_last, transform=transform, node_comm=node_comm)
+    loader.owns_shards = True
+    return loader
