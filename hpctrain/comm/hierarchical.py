@@ -49,6 +49,12 @@ class HierarchicalSync(GradSync):
 
     def _prepare(self, sizes) -> None:
         t = self.topo
+        shm = t.intra.Split_type(MPI.COMM_TYPE_SHARED)
+        shared = shm.Get_size() == t.intra.Get_size()
+        shm.Free()
+        if not t.comm.allreduce(shared, op=MPI.LAND):     # same answer on every rank
+            raise ValueError("comm.strategy: hierarchical needs the ranks of a node to share memory; "
+                             "comm.ranks_per_node must group ranks of one host")
         self._offsets, seg_bytes = layout(sizes)
         # Local rank 0 also holds R (same layout as a segment) and one flag byte per slice.
         self._flag_offset = seg_bytes
