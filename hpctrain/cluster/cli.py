@@ -4,6 +4,7 @@
     python -m hpctrain cluster mpiexec -n 4 -- python -m hpctrain bench allreduce --sizes 64MB
     python -m hpctrain cluster exec 1 -- ip addr
     python -m hpctrain cluster down
+    python -m hpctrain cluster bench --nodes 2 --ranks-per-node 2 --link 1gbit --sizes 64M
 """
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ import argparse
 import json
 import math
 import os
+import signal
 import sys
+from contextlib import contextmanager
 
 from hpctrain.cluster import launch, netns
+from hpctrain.cluster.compare import compare, format_comparison
 from hpctrain.cluster.spec import ClusterSpec, format_rate, parse_rate_bit_s
 
 
@@ -33,6 +37,18 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--latency-ms", type=float, default=0.0,
                     help="added one-way node-to-node latency (needs the kernel's netem qdisc)")
     up.add_argument("--subnet", default="10.77.0.0/24", help="node addresses (default 10.77.0.0/24)")
+    b = sub.add_parser("bench", help="up a temporary cluster, run `bench allreduce` across it "
+                                     "(flat/hierarchical × fp32/fp16), compare, down")
+    b.add_argument("--nodes", type=int, default=2)
+    b.add_argument("--ranks-per-node", type=int, default=2)
+    b.add_argument("--link", default="1gbit", help="per-node link rate (default 1gbit)")
+    b.add_argument("--sizes", default="64M", help="fp32 payload sizes (default 64M)")
+    b.add_argument("--iters", type=int, default=5)
+    b.add_argument("--warmup", type=int, default=1)
+    b.add_argument("--timeout", type=float, default=900, help="end the job after this many s")
+    b.add_argument("--name", default="hpcbench", help="the temporary cluster's name")
+    b.add_argument("--subnet", default="10.77.250.0/24")
+    b.add_argument("--json", metavar="FILE", help="write the rows and the comparison")
     sub.add_parser("down", parents=[name], help="remove the cluster (idempotent)")
     st = sub.add_parser("status", parents=[name], help="nodes, addresses, links and bytes sent")
     st.add_argument("--json", action="store_true", help="print JSON")
@@ -88,6 +104,50 @@ def _print_status(s: dict) -> None:
               f"{n['sent_bytes'] / 1e6:>10.1f} {n['received_bytes'] / 1e6:>12.1f}")
 
 
+@contextmanager
+def _terminate_as_interrupt():
+    """SIGTERM/SIGHUP raise KeyboardInterrupt, so ``finally`` blocks (tear-down) run."""
+    def handler(signum, _frame):
+        raise KeyboardInterrupt
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _bench(args) -> int:
+    spec = ClusterSpec(n_nodes=args.nodes, rate_bit_s=parse_rate_bit_s(args.link), name=args.name,
+                       subnet=args.subnet)
+    k = args.ranks_per_node
+    with _terminate_as_interrupt():
+        state = netns.bring_up(spec)
+        try:
+            rows_file = state / "rows.json"
+            bench = [sys.executable, "-m", "hpctrain", "bench", "allreduce", "--sizes", args.sizes,
+                     "--iters", str(args.iters), "--warmup", str(args.warmup), "--no-gloo",
+                     "--strategies", "flat,hierarchical", "--compressions", "none,fp16",
+                     "--json", str(rows_file)]
+            argv = launch.mpiexec_argv(spec, state, bench, spec.n_nodes * k, k)
+            launch.write_hostfile(spec, state, k)
+            print(f"emulated cluster: {spec.n_nodes} nodes × {k} ranks, links "
+                  f"{format_rate(spec.rate_bit_s)} each way", flush=True)
+            rc = launch.run_mpiexec(argv, args.timeout)
+            if rc != 0:
+                return rc
+            rows = json.loads(rows_file.read_text())
+        finally:
+            netns.tear_down(spec.name)
+    results = compare(rows, spec.n_nodes, spec.rate_bit_s)
+    print(format_comparison(results))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"cluster": spec.to_dict(), "ranks_per_node": k, "rows": rows,
+                       "comparison": results}, f, indent=1)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -97,6 +157,8 @@ def main(argv: list[str]) -> int:
             sdir = netns.bring_up(spec)
             _print_status(_status(spec))
             print(f"state in {sdir}; `python -m hpctrain cluster down --name {spec.name}` removes it")
+        elif args.action == "bench":
+            return _bench(args)
         elif args.action == "down":
             removed = netns.tear_down(args.name)
             print(f"cluster {args.name!r}: " + (f"removed {', '.join(removed)}" if removed else "nothing to remove"))

@@ -25,8 +25,14 @@ MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
 
 
 def mpiexec_argv(spec: ClusterSpec, state: Path, command: list[str], n_ranks: int,
-                 ranks_per_node: int, extra: list[str] = (), mpiexec: str = "mpiexec") -> list[str]:
-    """The full ``mpiexec`` command line placing ``ranks_per_node`` consecutive ranks per node."""
+                 ranks_per_node: int, extra: list[str] = (), mpiexec: str = "mpiexec",
+                 n_cores: int | None = None) -> list[str]:
+    """The full ``mpiexec`` command line placing ``ranks_per_node`` consecutive ranks per node.
+
+    The emulated nodes share this machine's ``n_cores`` (default: all): with more ranks than cores
+    the ranks yield when idle instead of busy-polling, which Open MPI does by itself when it sees
+    oversubscription on one host but cannot see across the emulated hosts' slots.
+    """
     if ranks_per_node < 1:
         raise ValueError(f"--ranks-per-node {ranks_per_node}: must be ≥ 1")
     if not 1 <= n_ranks <= spec.n_nodes * ranks_per_node:
@@ -42,6 +48,8 @@ def mpiexec_argv(spec: ClusterSpec, state: Path, command: list[str], n_ranks: in
            "btl_tcp_if_include": subnet,          # rank ↔ rank over the shaped links
            "btl": "self,vader,tcp",
            "pml": "ob1"}                          # the BTLs above, not a UCX transport of its own
+    if n_ranks > (n_cores or os.cpu_count() or 1):
+        mca["mpi_yield_when_idle"] = "1"
     argv = [mpiexec, "--hostfile", str(hostfile), "-n", str(n_ranks), "--map-by", "slot",
             "--bind-to", "none"]
     for k, v in mca.items():

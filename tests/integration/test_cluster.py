@@ -199,3 +199,21 @@ def test_tc_shapes_the_link(cluster):
     floor_s = (n_bytes - burst) * 8 / RATE_BIT_S
     assert int(got) == n_bytes
     assert floor_s <= float(secs) < 10 * floor_s, (secs, floor_s)
+
+
+@pytest.mark.skipif(shutil.which("mpiexec") is None, reason="needs Open MPI's mpiexec")
+def test_bench_on_a_temporary_cluster(tmp_path):
+    """``cluster bench`` runs hpctrain's allreduce benchmark across real (emulated) nodes, the
+    strategies see 2 ranks per node through COMM_TYPE_SHARED, and the cluster is gone after."""
+    name = f"hcb{_TAG}"
+    out = tmp_path / "bench.json"
+    r = cli("bench", "--nodes", "2", "--ranks-per-node", "2", "--link", "1gbit", "--sizes", "256K",
+            "--iters", "1", "--warmup", "0", "--name", name, "--subnet", "10.77.95.0/24",
+            "--json", str(out), timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert leftovers(name) == []
+    d = json.loads(out.read_text())
+    got = {(row["impl"], row["compression"]): row for row in d["rows"]}
+    assert set(got) >= {("flat", "none"), ("flat", "fp16"), ("hierarchical", "none"), ("hierarchical", "fp16")}
+    assert all(row["ranks_per_node"] == 2 and row["world_size"] == 4 for row in got.values())
+    assert len(d["comparison"]) == 4 and "hierarchical vs flat, fp32" in r.stdout

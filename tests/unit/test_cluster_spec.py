@@ -103,12 +103,15 @@ def test_agent_enters_the_namespace_of_the_host(tmp_path):
 
 def test_mpiexec_argv(tmp_path):
     s = ClusterSpec(n_nodes=2, subnet="10.77.4.0/24")
-    argv = launch.mpiexec_argv(s, tmp_path, ["python", "x.py"], 4, 2, ["--tag-output"])
+    argv = launch.mpiexec_argv(s, tmp_path, ["python", "x.py"], 4, 2, ["--tag-output"], n_cores=8)
     assert argv[:5] == ["mpiexec", "--hostfile", str(tmp_path / "hostfile-2"), "-n", "4"]
     pairs = {argv[i + 1]: argv[i + 2] for i, a in enumerate(argv) if a == "--mca"}
     assert pairs["plm_rsh_agent"] == str(tmp_path / "agent.sh")
     assert pairs["btl_tcp_if_include"] == pairs["oob_tcp_if_include"] == "10.77.4.0/24"
     assert argv[-3:] == ["--tag-output", "python", "x.py"]
+    assert "mpi_yield_when_idle" not in pairs
+    over = launch.mpiexec_argv(s, tmp_path, ["x"], 4, 2, n_cores=2)      # 4 ranks on 2 cores
+    assert over[over.index("mpi_yield_when_idle") + 1] == "1"
     with pytest.raises(ValueError, match="-n 5"):
         launch.mpiexec_argv(s, tmp_path, ["x"], 5, 2)
     with pytest.raises(ValueError, match="no command"):
