@@ -33,6 +33,12 @@ class DataConfig:
     prefetch: int = opt(2, "batches prepared ahead by the background reader")
     augment: bool = opt(False, "train-time augmentation (pad-crop, flip)")
     drop_last: bool = opt(True, "drop the last partial global batch of an epoch")
+    augment_kind: str = opt("auto", "augmentation: auto (padcrop up to 64 px, rrc above) | padcrop | rrc | flip")
+    augment_flip: bool = opt(True, "random horizontal flips in the augmentation (off for digits, text)")
+    reader: str = opt("rank", "rank: each rank reads its batches | node: one reader per node fills an MPI-3 "
+                              "shared-memory window")
+    hdf5_driver: str = opt("auto", "auto (parallel HDF5 'mpio' when h5py has MPI) | mpio | serial (per-shard "
+                                   "files, pread of contiguous datasets)")
 
 
 @dataclass
