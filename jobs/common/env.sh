@@ -1,0 +1,161 @@
+# Shared by every batch script in jobs/ (sourced, not run). Finds the repository and its Python,
+# reads the job shape from the scheduler, parses the script's arguments, sets the environment
+# HPC sites need, builds the hpctrain command line and runs (or, with --dry-run, prints) it.
+#
+# Arguments of every script (flags > scheduler allocation > environment > defaults):
+#   --nodes N  --ranks-per-node R  --gpus-per-node G  --cpus-per-rank C
+#   --config FILE  --run-dir DIR  --resume auto|PATH|none  --dry-run  [--] [hpctrain options…]
+# (script options first: the first unknown argument, or --, starts hpctrain's own options).
+# HPCTRAIN_DRY_RUN=1 is the same as --dry-run.
+# Environment: HPCTRAIN_HOME (repository; default: the submit directory), HPCTRAIN_PYTHON
+# (default HPCTRAIN_HOME/.venv/bin/python), HPCTRAIN_STAGE=1 (copy the Python environment to
+# node-local storage first, see stage.sh), HPCTRAIN_SITE (a file of site settings to source).
+
+hpctrain_home() {
+  # Batch systems run a spooled copy of the script, so its own path is useless: use the directory
+  # the job was submitted from (or HPCTRAIN_HOME).
+  HPCTRAIN_HOME=${HPCTRAIN_HOME:-${SLURM_SUBMIT_DIR:-${PBS_O_WORKDIR:-${LS_SUBCWD:-$PWD}}}}
+  if [ ! -f "$HPCTRAIN_HOME/jobs/common/env.sh" ]; then
+    echo "hpctrain job: $HPCTRAIN_HOME is not the hpctrain repository; submit from it or set HPCTRAIN_HOME" >&2
+    return 2
+  fi
+  export HPCTRAIN_HOME
+}
+
+hpctrain_shape_from_scheduler() {
+  if [ -n "${SLURM_JOB_ID:-}" ]; then
+    NODES=${SLURM_JOB_NUM_NODES:-$NODES}
+    if [ -n "${SLURM_NTASKS_PER_NODE:-}" ]; then RANKS_PER_NODE=${SLURM_NTASKS_PER_NODE%%(*}
+    elif [ -n "${SLURM_NTASKS:-}" ]; then RANKS_PER_NODE=$(( SLURM_NTASKS / NODES )); fi
+    local g=${SLURM_GPUS_ON_NODE:-${SLURM_GPUS_PER_NODE:-}}
+    [ -n "$g" ] && GPUS_PER_NODE=${g##*:}
+    CPUS_PER_RANK=${SLURM_CPUS_PER_TASK:-$CPUS_PER_RANK}
+  elif [ -n "${PBS_NODEFILE:-}" ] && [ -f "$PBS_NODEFILE" ]; then
+    NODES=$(sort -u "$PBS_NODEFILE" | wc -l)
+    RANKS_PER_NODE=$(( $(wc -l < "$PBS_NODEFILE") / NODES ))   # select=…:mpiprocs=R repeats each host R times
+    GPUS_PER_NODE=${NGPUS:-$GPUS_PER_NODE}
+  elif [ -n "${LSB_MCPU_HOSTS:-}" ]; then
+    # "launch 1 node1 42 node2 42": on jsrun systems the first host with one slot is the launch node.
+    set -- $LSB_MCPU_HOSTS
+    [ $# -gt 2 ] && [ "$2" = 1 ] && shift 2
+    NODES=$(( $# / 2 ))
+  fi
+}
+
+hpctrain_parse_args() {
+  DRY_RUN=${HPCTRAIN_DRY_RUN:-0}
+  EXTRA=()
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --nodes) NODES=$2; shift 2 ;;
+      --ranks-per-node) RANKS_PER_NODE=$2; shift 2 ;;
+      --gpus-per-node) GPUS_PER_NODE=$2; shift 2 ;;
+      --cpus-per-rank) CPUS_PER_RANK=$2; shift 2 ;;
+      --config) CONFIG=$2; shift 2 ;;
+      --run-dir) RUN_DIR=$2; shift 2 ;;
+      --resume) RESUME=$2; shift 2 ;;
+      --dry-run) DRY_RUN=1; shift ;;
+      --) shift; EXTRA=("$@"); break ;;
+      *) EXTRA=("$@"); break ;;
+    esac
+  done
+}
+
+hpctrain_site_env() {
+  # Threads: one rank per GPU (or per socket on CPUs) with its share of the cores. hpctrain sets
+  # torch's threads from train.threads, which the scripts pass as the same number.
+  export OMP_NUM_THREADS=$CPUS_PER_RANK
+  export PYTHONUNBUFFERED=1
+  # HDF5 file locking fails or serialises on Lustre/GPFS; shards are read-only.
+  export HDF5_USE_FILE_LOCKING=${HDF5_USE_FILE_LOCKING:-FALSE}
+  # Open MPI: skip the deprecated openib BTL (UCX drives InfiniBand); give ranks 30 s after a
+  # SIGTERM before SIGKILL, time to agree on a stop and write a checkpoint.
+  export OMPI_MCA_btl=${OMPI_MCA_btl:-^openib}
+  export OMPI_MCA_odls_base_sigkill_timeout=${OMPI_MCA_odls_base_sigkill_timeout:-30}
+  # Site-specific network settings belong in HPCTRAIN_SITE, e.g. (values depend on the machine):
+  #   export OMPI_MCA_pml=ucx UCX_TLS=rc,sm,self UCX_NET_DEVICES=mlx5_0:1
+  #   export NCCL_IB_HCA=mlx5_0 NCCL_SOCKET_IFNAME=ib0 NCCL_DEBUG=WARN   # when an NCCL strategy is used
+  #   export FI_PROVIDER=cxi                                             # HPE Slingshot (libfabric)
+  local site=${HPCTRAIN_SITE:-$HPCTRAIN_HOME/jobs/site.sh}
+  # shellcheck disable=SC1090
+  [ -f "$site" ] && . "$site"
+  return 0
+}
+
+hpctrain_init() {
+  # Usage: hpctrain_init "$@" — sets NODES RANKS_PER_NODE GPUS_PER_NODE CPUS_PER_RANK NP PY APP.
+  hpctrain_home || return
+  NODES=${NODES:-1} RANKS_PER_NODE=${RANKS_PER_NODE:-2} GPUS_PER_NODE=${GPUS_PER_NODE:-0}
+  CPUS_PER_RANK=${CPUS_PER_RANK:-}
+  CONFIG=${CONFIG:-} RUN_DIR=${RUN_DIR:-runs/job-${SLURM_JOB_ID:-${PBS_JOBID:-${LSB_JOBID:-local}}}}
+  RESUME=${RESUME:-auto}
+  hpctrain_shape_from_scheduler
+  hpctrain_parse_args "$@"
+  if [ -z "$CPUS_PER_RANK" ]; then
+    CPUS_PER_RANK=$(( $(nproc) / RANKS_PER_NODE ))
+    [ "$CPUS_PER_RANK" -ge 1 ] || CPUS_PER_RANK=1
+  fi
+  NP=$(( NODES * RANKS_PER_NODE ))
+  export HPCTRAIN_GPUS_PER_NODE=$GPUS_PER_NODE
+  hpctrain_site_env
+  PY=${HPCTRAIN_PYTHON:-$HPCTRAIN_HOME/.venv/bin/python}
+  BIND=$HPCTRAIN_HOME/jobs/common/bind.sh
+  [ "$RESUME" = none ] && RESUME=""
+  APP=("$PY" -m hpctrain --no-progress --run-dir "$RUN_DIR" --set "ckpt.resume=$RESUME"
+       --set "train.threads=$CPUS_PER_RANK")
+  [ -n "$CONFIG" ] && APP+=(--config "$CONFIG")
+  APP+=("${EXTRA[@]}")
+  cd "$HPCTRAIN_HOME" || return
+}
+
+hpctrain_show() {
+  # Print a command line, shell-quoted, so it can be pasted.
+  printf '%q ' "$@" | sed 's/ $//'
+  echo
+}
+
+hpctrain_launch() {
+  # Usage: hpctrain_launch [--stop-signal SIG] LAUNCHER…  — print (dry run) or run the launch line.
+  # The launcher runs in the background so this shell can pass on SIGTERM/SIGUSR1 (scancel,
+  # sbatch --signal=B:USR1@120) as STOP_SIGNAL: mpirun forwards SIGUSR1 to every rank, which
+  # checkpoints and stops; srun forwards both.
+  local stop=USR1
+  if [ "$1" = --stop-signal ]; then stop=$2; shift 2; fi
+  if [ "$DRY_RUN" = 1 ]; then
+    echo "# $NODES node(s) x $RANKS_PER_NODE rank(s), $GPUS_PER_NODE GPU(s)/node, $CPUS_PER_RANK CPU(s)/rank;" \
+         "OMP_NUM_THREADS=$OMP_NUM_THREADS; in $HPCTRAIN_HOME"
+    [ -n "${PYTHONPATH:-}" ] && echo "# PYTHONPATH=$PYTHONPATH"
+    hpctrain_show "$@"
+    return 0
+  fi
+  mkdir -p "$RUN_DIR"
+  echo "hpctrain job: $(hpctrain_show "$@")" >&2
+  "$@" &
+  local pid=$!
+  trap 'kill -s '"$stop"' '"$pid"' 2>/dev/null' TERM USR1
+  local rc=0
+  while :; do
+    wait "$pid" && rc=0 || rc=$?
+    kill -0 "$pid" 2>/dev/null || break        # wait returned because of a trapped signal: wait again
+  done
+  trap - TERM USR1
+  return "$rc"
+}
+
+hpctrain_ompi_exports() {
+  # Open MPI forwards only OMPI_* variables to daemons it starts with ssh, PBS tm or LSF; name
+  # the rest (under Slurm, srun already copies the whole environment).
+  OMPI_X=()
+  local v
+  for v in PATH LD_LIBRARY_PATH PYTHONPATH PYTHONUNBUFFERED OMP_NUM_THREADS HDF5_USE_FILE_LOCKING \
+           HPCTRAIN_HOME HPCTRAIN_GPUS_PER_NODE UCX_TLS UCX_NET_DEVICES NCCL_IB_HCA NCCL_SOCKET_IFNAME \
+           NCCL_DEBUG FI_PROVIDER HPCTRAIN_INJECT_FAULT; do
+    [ -n "${!v:-}" ] && OMPI_X+=(-x "$v")
+  done
+  return 0
+}
+
+hpctrain_stopped() {
+  # True if the run's last record says it stopped on a signal (checkpoint written).
+  [ -f "$RUN_DIR/metrics.jsonl" ] && tail -n 1 "$RUN_DIR/metrics.jsonl" | grep -q '"event": "stopped"'
+}
