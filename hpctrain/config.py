@@ -96,6 +96,7 @@ class SyncConfig:
     algorithm: str = opt("ssgd", "update algorithm: ssgd (synchronous) | odsgd (one-step delay)")
     odsgd_warmup_steps: int = opt(200, "OD-SGD: plain SSGD for the first N steps")
     odsgd_local_lr: float = opt(0.0, "OD-SGD: lr of the local compensating update (0: the global lr)")
+    odsgd_local_momentum: float = opt(0.0, "OD-SGD: momentum of the local optimiser (0: stateless W - lr*g)")
     odsgd_dc_lambda: float = opt(0.0, "OD-SGD: DC-ASGD delay-compensation strength (0: off)")
     comm_delay_ms: float = opt(0.0, "inject this latency into every gradient allreduce (testing)")
 
@@ -237,6 +238,12 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         (o.warmup in ("none", "linear", "hybrid"), "optim.warmup", f"must be none, linear or hybrid, got {o.warmup!r}"),
         (c.compression in ("none", "fp16"), "comm.compression", f"must be none or fp16, got {c.compression!r}"),
         (cfg.sync.algorithm in ("ssgd", "odsgd"), "sync.algorithm", f"must be ssgd or odsgd, got {cfg.sync.algorithm!r}"),
+        (cfg.sync.odsgd_warmup_steps >= 0, "sync.odsgd_warmup_steps", f"must be >= 0, got {cfg.sync.odsgd_warmup_steps}"),
+        (cfg.sync.odsgd_local_lr >= 0, "sync.odsgd_local_lr", f"must be >= 0, got {cfg.sync.odsgd_local_lr}"),
+        (0 <= cfg.sync.odsgd_local_momentum < 1, "sync.odsgd_local_momentum",
+         f"must be in [0, 1), got {cfg.sync.odsgd_local_momentum}"),
+        (cfg.sync.odsgd_dc_lambda >= 0, "sync.odsgd_dc_lambda", f"must be >= 0, got {cfg.sync.odsgd_dc_lambda}"),
+        (cfg.sync.comm_delay_ms >= 0, "sync.comm_delay_ms", f"must be >= 0, got {cfg.sync.comm_delay_ms}"),
         (p.compute in ("fp32", "bf16", "fp16"), "precision.compute", f"must be fp32, bf16 or fp16, got {p.compute!r}"),
         (p.loss_scale in ("none", "dynamic") or _is_number(p.loss_scale), "precision.loss_scale",
          f"must be none, dynamic or a number, got {p.loss_scale!r}"),

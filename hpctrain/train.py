@@ -14,6 +14,7 @@ import torch
 from mpi4py import MPI
 
 from hpctrain import comm as comm_lib
+from hpctrain import sync as sync_lib
 from hpctrain.checkpoint import Checkpointer
 from hpctrain.config import Config, ConfigError
 from hpctrain.data import ShardError, ShardLoader, ShardSet, eval_batches, read_index
@@ -120,6 +121,8 @@ def _build(cfg: Config, topo: Topology) -> Job:
     trainer = DistributedTrainer(model, optimizer, topo, strategy=cfg.comm.strategy,
                                  compression=cfg.comm.compression, bucket_mb=cfg.comm.bucket_mb,
                                  overlap=cfg.comm.overlap, algorithm=cfg.sync.algorithm,
+                                 algorithm_options=sync_lib.algorithm_options(cfg.sync),
+                                 comm_delay_ms=cfg.sync.comm_delay_ms,
                                  schedule=schedule, loss_fn=make_criterion(o.label_smoothing),
                                  compute=cfg.precision.compute, scaler=make_scaler(cfg.precision), timer=timer)
     return Job(cfg, topo, trainer, loader, train_set, test_set, timer)

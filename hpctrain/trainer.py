@@ -36,7 +36,7 @@ class DistributedTrainer:
                  strategy: str = "flat", compression: str = "none", bucket_mb: float = 25.0,
                  overlap: bool = False, algorithm: str = "ssgd", algorithm_options: dict | None = None,
                  schedule: ScheduleSpec | None = None, loss_fn: Callable | None = None,
-                 compute: str = "fp32", scaler=None, timer: StepTimer = NULL_TIMER):
+                 compute: str = "fp32", scaler=None, timer: StepTimer = NULL_TIMER, comm_delay_ms: float = 0.0):
         if compute not in AUTOCAST_DTYPES:
             raise ValueError(f"precision.compute: unknown {compute!r} (choose from {', '.join(AUTOCAST_DTYPES)})")
         self.model, self.optimizer, self.topo = model, optimizer, topology
@@ -50,6 +50,7 @@ class DistributedTrainer:
         comm_lib.broadcast_module(model, topology.comm)
         self.sync = comm_lib.create(strategy, model.parameters(), topology, bucket_bytes=int(bucket_mb * 2**20),
                                     compression=compression, overlap=overlap)
+        self.sync = sync_lib.with_comm_delay(self.sync, comm_delay_ms)   # emulated slow link (0: none)
         self.algo = sync_lib.create(algorithm, model, optimizer, self.sync, scaler=scaler, timer=timer,
                                     **(algorithm_options or {}))
         self.step_count = 0

@@ -2,13 +2,22 @@
 
 ========  ===========================================================================
 ssgd      synchronous SGD: every step waits for the gradient mean (the default)
+odsgd     one-step delay SGD (Xu et al., arXiv:2005.06728): the allreduce of step t
+          overlaps step t+1's forward/backward, which runs on locally updated weights.
+          Use when communication is a large share of the step (slow or shared
+          network, many ranks); ``odsgd_warmup_steps`` plain SSGD steps first.
 ========  ===========================================================================
+
+``sync.comm_delay_ms`` wraps any gradient sync in :class:`~hpctrain.sync.delay.DelayedSync`,
+an emulated slow link for benchmarks and tests.
 """
 from __future__ import annotations
 
+from hpctrain.sync.delay import DelayedSync, with_comm_delay
+from hpctrain.sync.odsgd import ODSGD
 from hpctrain.sync.ssgd import SSGD, StepResult
 
-ALGORITHMS = {"ssgd": SSGD}
+ALGORITHMS = {"ssgd": SSGD, "odsgd": ODSGD}
 
 
 def create(name: str, model, optimizer, grad_sync, **kwargs):
@@ -19,4 +28,14 @@ def create(name: str, model, optimizer, grad_sync, **kwargs):
     return cls(model, optimizer, grad_sync, **kwargs)
 
 
-__all__ = ["ALGORITHMS", "SSGD", "StepResult", "create"]
+def algorithm_options(sync_cfg) -> dict:
+    """Keyword options of ``sync_cfg.algorithm`` from a ``SyncConfig`` (for :func:`create`)."""
+    if sync_cfg.algorithm != "odsgd":
+        return {}
+    return {"warmup_steps": sync_cfg.odsgd_warmup_steps, "local_lr": sync_cfg.odsgd_local_lr,
+            "local_momentum": sync_cfg.odsgd_local_momentum,
+            "dc_lambda": sync_cfg.odsgd_dc_lambda}
+
+
+__all__ = ["ALGORITHMS", "SSGD", "ODSGD", "StepResult", "DelayedSync", "create", "algorithm_options",
+           "with_comm_delay"]

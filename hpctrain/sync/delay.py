@@ -1,0 +1,111 @@
+"""A slow link on one host: injected latency for gradient allreduces (``sync.comm_delay_ms``).
+
+Model: a bucket's mean is available no earlier than ``delay`` after the bucket was started —
+completion = max(real completion, start + delay). The real reduction runs underneath as usual;
+the delay is a latency floor, like a long-haul link whose wire time dwarfs the transfer. A wait
+that begins later waits less, so computation placed between starting a reduction and waiting
+for it hides the latency, exactly as on a real slow network — which a ``sleep`` inside the
+allreduce would not show. The remaining time is slept (no CPU burnt: on an oversubscribed host
+the other ranks keep computing).
+
+:class:`DelayedSync` composes a gradient sync (``hpctrain.comm.GradSync``) with explicit methods,
+no attribute proxy. Start times are taken by wrapping the strategy's ``reduce_bucket`` (the one
+method a strategy provides), so buckets started by backward hooks are timed too.
+"""
+from __future__ import annotations
+
+import time
+
+
+def poll_grad_sync(sync) -> bool:
+    """Progress every reduction in flight without blocking; True when none is left running.
+
+    Uses ``sync.poll()`` where the sync has one; otherwise polls its pending buckets (the
+    ``GradSync`` of this version keeps them in ``_pending``; its hooks poll the same way).
+    """
+    poll = getattr(sync, "poll", None)
+    if poll is not None:
+        return bool(poll())
+    return all([pending.poll() for pending in sync._pending.values()])
+
+
+class DelayedSync:
+    """``inner`` with every bucket's mean held back until ``delay_ms`` after the bucket started."""
+
+    def __init__(self, inner, delay_ms: float, *, clock=time.perf_counter, sleep=time.sleep):
+        if not delay_ms >= 0:
+            raise ValueError(f"sync.comm_delay_ms: must be >= 0, got {delay_ms}")
+        self.inner, self.delay_s = inner, delay_ms / 1e3
+        self._clock, self._sleep = clock, sleep
+        self._started_s: dict[int, float] = {}      # bucket index -> start time, this round
+        reduce = inner.reduce_bucket
+
+        def timed_reduce(bucket):
+            self._started_s[bucket.index] = self._clock()    # runs when the bucket starts
+            return (yield from reduce(bucket))
+
+        inner.reduce_bucket = timed_reduce
+
+    # --- what the update algorithms use (the GradSync interface) --------------------------------
+    @property
+    def params(self) -> list:
+        return self.inner.params
+
+    @property
+    def buckets(self) -> list:
+        return self.inner.buckets
+
+    @property
+    def started(self) -> list[int]:
+        return self.inner.started
+
+    @property
+    def closed(self) -> bool:
+        return self.inner.closed
+
+    def deadline_s(self) -> float | None:
+        """When the round's last started bucket may complete (None: nothing started)."""
+        if not self._started_s:
+            return None
+        return max(self._started_s.values()) + self.delay_s
+
+    def begin(self) -> None:
+        self.inner.begin()
+
+    def poll(self) -> bool:
+        done = poll_grad_sync(self.inner)
+        deadline = self.deadline_s()
+        return done and (deadline is None or self._clock() >= deadline)
+
+    def finish(self, scatter: bool = True) -> bool:
+        """Wait for the real reduction, then for whatever is left of the delay."""
+        self.inner.begin()                  # every bucket started: the deadline is known
+        deadline = self.deadline_s()
+        found_inf = self.inner.finish(scatter=scatter)
+        self._started_s.clear()
+        if deadline is not None:
+            remaining_s = deadline - self._clock()
+            if remaining_s > 0:
+                self._sleep(remaining_s)
+        return found_inf
+
+    def allreduce_grads(self) -> bool:
+        self.begin()
+        return self.finish(scatter=True)
+
+    def handles(self) -> list:
+        return self.inner.handles()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def with_comm_delay(sync, delay_ms: float):
+    """``sync`` itself when ``delay_ms`` is 0, else a :class:`DelayedSync` around it."""
+    return DelayedSync(sync, delay_ms) if delay_ms else sync

@@ -1,0 +1,255 @@
+"""OD-SGD: one-step delay SGD — the gradient allreduce of step t runs during step t+1's compute.
+
+Xu, Dong, Xu, Liao, "OD-SGD: One-step Delay Stochastic Gradient Descent for Distributed
+Training", arXiv:2005.06728 (2020). The authors' MXNet code (github.com/CynthiaProtector/OD-SGD):
+``src/kvstore/kvstore_dist.h`` (``Push_``: right after pushing its gradient the worker applies a
+*local updater* to a copy of the last pulled global weights; ``PullImpl``: the pulled global
+weights become that copy), ``python/mxnet/model.py`` (plain ``dist_sync`` for the first 200
+pulls), ``example/image-classification/common/fit.py`` (``--optimizer-local``, ``--lr-local``,
+``--mom-local``). The paper has a parameter server; here there is none: every rank applies the
+same global update to the same mean gradient, so all ranks hold the same global weights W.
+
+State on rank k when step t begins (after warm-up): the global weights W_{t-1}; the local weights
+ŵ_t^k = W_{t-1} - η_l·g_{t-1}^k in the model's parameters; the global optimiser's state (momentum
+fed only with mean gradients: identical on every rank); the local optimiser's buffer u^k; and one
+non-blocking allreduce in flight, of g_{t-1}^k, tagged with step t-1's learning rates.
+
+Step t, in this order:
+
+1. forward/backward on ŵ_t^k -> g_t^k. The allreduce of g_{t-1} progresses meanwhile: every
+   module's forward pre-hook and every parameter's grad hook polls it (MPI moves data only
+   inside MPI calls; :mod:`hpctrain.comm.progress`).
+2. wait for ḡ_{t-1} = mean_k g_{t-1}^k (the exposed communication, span "allreduce"); global
+   update W_t = opt(W_{t-1}, ḡ_{t-1}) with the real optimiser (SGD/LARS, momentum, weight decay)
+   at step t-1's learning rates (span "optimizer"). With loss scaling, an overflow of ḡ_{t-1}
+   skips this update on every rank and backs the scale off.
+3. optional delay compensation (DC-ASGD, Zheng et al., ICML 2017, arXiv:1609.08326):
+   g_t^k <- g_t^k + λ·g_t^k⊙g_t^k⊙(W_t - ŵ_t^k), a first-order estimate of the gradient at W_t,
+   where it is applied. (The sign is DC-ASGD's: weights where applied minus where computed.)
+4. start the non-blocking allreduce of g_t^k (span "allreduce").
+5. local update (span "local_update"): u^k <- μ_l·u^k + g_t^k; ŵ_{t+1}^k = W_t - η_l·u^k. With
+   μ_l = 0 (default) this is ŵ_{t+1}^k = W_t - η_l·g_t^k and the local optimiser keeps nothing.
+   η_l = ``local_lr``, or step t's lr of the parameter's group when ``local_lr`` is 0.
+
+The first ``warmup_steps`` steps are plain SSGD (the :class:`~hpctrain.sync.ssgd.SSGD` code).
+
+:meth:`finish` (collective; ``DistributedTrainer.finish``) completes the update in flight and
+sets ŵ := W and u := 0: a synchronisation point, after which the parameters hold the global
+weights and the state is the same on every rank — what evaluation and checkpoints need. The
+next step then starts like the first OD-SGD step. So a checkpoint is (W = ŵ, the global
+optimiser state, loss scaler, step count); a run resumed from it continues bit-identically to
+the run that wrote it (which passed the same synchronisation point). :meth:`state_dict` refuses
+while an update is in flight: only rank 0 writes checkpoints, and the pending mean needs all.
+
+Memory: two weight-sized buffers (the other of W/ŵ, swapped in by ``p.data``, no copies) and one
+gradient-sized buffer for the mean; plus u^k when μ_l > 0.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable
+
+import torch
+
+from hpctrain.metrics import NULL_TIMER, StepTimer
+from hpctrain.optim.lars import LARS
+from hpctrain.sync.delay import poll_grad_sync
+from hpctrain.sync.ssgd import SSGD, StepResult, agreed_overflow, unscale_grads_
+
+
+class Round:
+    """The allreduce in flight: what its global update needs besides the mean."""
+
+    __slots__ = ("lrs", "scale")
+
+    def __init__(self, lrs: list[float], scale: float):
+        self.lrs, self.scale = lrs, scale      # step's lr per param group; loss scale of its backward
+
+
+@contextlib.contextmanager
+def group_lrs(optimizer: torch.optim.Optimizer, lrs: list[float]):
+    """Run the optimiser at ``lrs`` (one per param group), then restore the current ones."""
+    now = [g["lr"] for g in optimizer.param_groups]
+    for g, lr in zip(optimizer.param_groups, lrs):
+        g["lr"] = lr
+    try:
+        yield
+    finally:
+        for g, lr in zip(optimizer.param_groups, now):
+            g["lr"] = lr
+
+
+def dc_compensate_(grads, local_w, global_w, lam: float) -> None:
+    """DC-ASGD in place: g <- g + lam * g*g*(global_w - local_w) (tensor lists)."""
+    for g, w_loc, w_glob in zip(grads, local_w, global_w):
+        g.add_(g * g * (w_glob - w_loc), alpha=lam)
+
+
+def swap_data_(params, store: list[torch.Tensor]) -> None:
+    """Exchange each parameter's storage with ``store[i]`` (pointers only, nothing copied)."""
+    for i, p in enumerate(params):
+        current = p.data
+        p.data = store[i]
+        store[i] = current
+
+
+class ODSGD:
+    name = "odsgd"
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_sync, *,
+                 warmup_steps: int = 200, local_lr: float = 0.0, local_momentum: float = 0.0,
+                 dc_lambda: float = 0.0, scaler=None, timer: StepTimer = NULL_TIMER):
+        checks = [(warmup_steps >= 0, "odsgd_warmup_steps", "must be >= 0"),
+                  (local_lr >= 0, "odsgd_local_lr", "must be >= 0"),
+                  (0 <= local_momentum < 1, "odsgd_local_momentum", "must be in [0, 1)"),
+                  (dc_lambda >= 0, "odsgd_dc_lambda", "must be >= 0")]
+        for ok, key, msg in checks:
+            if not ok:
+                raise ValueError(f"sync.{key}: {msg}")
+        if isinstance(optimizer, LARS) and local_lr == 0:
+            raise ValueError("sync.odsgd_local_lr: set it explicitly with LARS (its lr is scaled per layer "
+                             "by trust ratios, so the raw global lr would make the local step far too large)")
+        self.model, self.optimizer, self.sync = model, optimizer, grad_sync
+        self.scaler, self.timer = scaler, timer
+        self.warmup_steps, self.local_lr = int(warmup_steps), float(local_lr)
+        self.local_momentum, self.dc_lambda = float(local_momentum), float(dc_lambda)
+        self.ssgd = SSGD(model, optimizer, grad_sync, scaler=scaler, timer=timer)
+        self.params = self.ssgd.params
+        # Group *indices*: ``optimizer.load_state_dict`` replaces the group dicts.
+        group_of = {id(p): i for i, g in enumerate(optimizer.param_groups) for p in g["params"]}
+        self._group_index = [group_of[id(p)] for p in self.params]
+        self.steps = 0
+        self._round: Round | None = None
+        self._store = self._mean = self._local_buf = None    # allocated at the first OD-SGD step
+        self._hooks = [m.register_forward_pre_hook(self._poll_hook) for m in model.modules()]
+        self._hooks += [p.register_post_accumulate_grad_hook(self._poll_hook) for p in self.params]
+
+    # --- progress ---------------------------------------------------------------------------------
+    def _poll_hook(self, *_):
+        if self._round is not None:
+            poll_grad_sync(self.sync)
+
+    @property
+    def in_flight(self) -> bool:
+        """Is a global update waiting for its allreduce?"""
+        return self._round is not None
+
+    def global_weights(self) -> list[torch.Tensor]:
+        """W (read-only views): the parameters themselves when nothing is in flight."""
+        if self._round is None:
+            return [p.detach() for p in self.params]
+        return list(self._store)
+
+    # --- the step ---------------------------------------------------------------------------------
+    def step(self, compute_loss: Callable[[], torch.Tensor]) -> StepResult:
+        if self.steps < self.warmup_steps:
+            self.steps += 1
+            return self.ssgd.step(compute_loss)
+        self._allocate()
+        self.optimizer.zero_grad(set_to_none=False)
+        with self.timer.span("forward"):
+            loss = compute_loss()
+        scale = self.scaler.scale if self.scaler else 1.0
+        with self.timer.span("backward"):
+            (loss * scale if self.scaler else loss).backward()
+        stale = self._round is not None            # ŵ_t != W_t: a global update is pending
+        skipped = self._complete_round() if stale else False   # parameters now hold W_t
+        if self.dc_lambda and stale:
+            have = [i for i, p in enumerate(self.params) if p.grad is not None]
+            dc_compensate_([self.params[i].grad for i in have], [self._store[i] for i in have],
+                           [self.params[i].detach() for i in have], self.dc_lambda / scale)
+        with self.timer.span("allreduce"):
+            self.sync.begin()
+        self._round = Round([g["lr"] for g in self.optimizer.param_groups], scale)
+        with self.timer.span("local_update"):
+            self._local_update(1.0 / scale)
+        self.steps += 1
+        return StepResult(loss.detach(), skipped=skipped)
+
+    def _allocate(self) -> None:
+        if self._store is None:
+            self._store = [torch.empty_like(p) for p in self.params]
+            self._mean = [torch.zeros_like(p) for p in self.params]
+            if self.local_momentum:
+                self._local_buf = [torch.zeros_like(p) for p in self.params]
+
+    def _complete_round(self) -> bool:
+        """Wait for the mean in flight and apply the global update; returns "skipped (overflow)".
+
+        Before: parameters hold ŵ, ``_store`` holds W_prev, ``p.grad`` this step's gradient.
+        After: parameters hold W, ``_store`` holds ŵ, ``p.grad`` unchanged.
+        """
+        with self.timer.span("allreduce"):
+            found_inf = self.sync.finish(scatter=False)
+        rnd, self._round = self._round, None
+        local_grads = [p.grad for p in self.params]
+        for p, mean in zip(self.params, self._mean):
+            p.grad = mean
+        for bucket in self.sync.buckets:
+            bucket.scatter_grads()
+        swap_data_(self.params, self._store)
+        overflow = False
+        if self.scaler:
+            overflow = agreed_overflow(found_inf, self.params)
+            self.scaler.update(overflow)
+            if not overflow:
+                unscale_grads_(self.params, 1.0 / rnd.scale)
+        if not overflow:
+            with self.timer.span("optimizer"), group_lrs(self.optimizer, rnd.lrs):
+                self.optimizer.step()
+        for p, g in zip(self.params, local_grads):
+            p.grad = g
+        return overflow
+
+    @torch.no_grad()
+    def _local_update(self, inv_scale: float) -> None:
+        """``_store`` <- W - η_l·u (u = g, or the local momentum), then swap it in as ŵ."""
+        grads = [p.grad for p in self.params]
+        if self.scaler and not all(bool(g.isfinite().all()) for g in grads if g is not None):
+            for p, spare in zip(self.params, self._store):     # this rank's gradient overflowed:
+                spare.copy_(p)                                  # ŵ = W, no local step
+            swap_data_(self.params, self._store)
+            return
+        groups = self.optimizer.param_groups
+        for i, (p, spare, g) in enumerate(zip(self.params, self._store, grads)):
+            lr = self.local_lr or groups[self._group_index[i]]["lr"]
+            if g is None:
+                spare.copy_(p)
+                continue
+            if self._local_buf is not None:
+                g = self._local_buf[i].mul_(self.local_momentum).add_(g, alpha=inv_scale)
+                torch.add(p, g, alpha=-lr, out=spare)
+            else:
+                torch.add(p, g, alpha=-lr * inv_scale, out=spare)
+        swap_data_(self.params, self._store)
+
+    # --- synchronisation points and checkpoints ------------------------------------------------
+    def finish(self) -> None:
+        """Complete the update in flight and set ŵ := W, u := 0 (collective)."""
+        if self._round is not None:
+            self._complete_round()
+        if self._local_buf is not None:
+            for b in self._local_buf:
+                b.zero_()
+
+    def state_dict(self) -> dict:
+        if self._round is not None:
+            raise RuntimeError("OD-SGD has a global update in flight: call trainer.finish() on every rank "
+                               "before state_dict()/a checkpoint")
+        return {"scaler": self.scaler.state_dict() if self.scaler else None, "steps": self.steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Collective when a round is in flight (it is drained and dropped)."""
+        if self._round is not None:
+            self.sync.finish(scatter=False)           # the model's state was loaded already
+            self._round = None
+        if self._local_buf is not None:
+            for b in self._local_buf:
+                b.zero_()
+        self.ssgd.load_state_dict(state)
+        self.steps = int(state.get("steps", 0))
+
+    def remove_hooks(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
