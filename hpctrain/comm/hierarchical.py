@@ -14,6 +14,13 @@ does the node level with MPI messages. Here the node level sends no message at a
 On uneven nodes (say 3 ranks, 2 per node) only the first ``min(node_sizes)`` local ranks own a
 slice, so every slice has a partner on every node; the others only take part in the barriers.
 On one node the window level is the whole reduction and the codec is unused (nothing travels).
+
+What is non-blocking: the whole bucket is one generator (:mod:`hpctrain.comm.progress`) whose
+barriers are ``Ibarrier`` on a per-bucket ``Dup`` of the node communicator. With overlap, the
+hook that completes a bucket copies its gradients into the window and posts barrier (1); the
+first poll after every local rank has done so runs the slice sum (local work, during backward)
+and posts the first ring messages; later polls advance the ring and barrier (2). Nothing spins
+in a progress thread, which on oversubscribed cores would steal time from backward.
 """
 from __future__ import annotations
 
