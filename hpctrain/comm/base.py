@@ -174,8 +174,11 @@ class GradSync:
             self._n_ready[i] += 1
             if self._n_ready[i] == len(self.buckets[i].params):
                 self._start(self.buckets[i])
-        for pending in self._pending.values():
-            pending.poll()
+        self.poll()
+
+    def poll(self) -> bool:
+        """Progress every bucket in flight without blocking; True when none is still running."""
+        return all([pending.poll() for pending in self._pending.values()])
 
     def begin(self) -> None:
         """Start every bucket not started yet (non-blocking)."""
