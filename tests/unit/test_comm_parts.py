@@ -111,3 +111,23 @@ def test_parse_size_and_bandwidths():
         allreduce.parse_size("3")
     algbw, busbw = allreduce.bandwidths(2 * 10**9, 2.0, 4)
     assert algbw == 1.0 and busbw == 1.5          # nccl-tests: busbw = algbw * 2(n-1)/n
+
+
+@pytest.mark.parametrize("codec", ["none", "fp16"])
+@pytest.mark.parametrize("strategy", sorted(comm_lib.STRATEGIES))
+def test_one_rank_mean_is_the_gradient_exactly(strategy, codec):
+    """On COMM_SELF nothing travels, so even fp16 returns the gradient bit for bit."""
+    from mpi4py import MPI
+
+    from hpctrain.topology import Topology
+    topo = Topology.create(MPI.COMM_SELF)
+    model = torch.nn.Sequential(torch.nn.Linear(30, 500), torch.nn.Tanh(), torch.nn.Linear(500, 40))
+    sync = comm_lib.create(strategy, model.parameters(), topo, bucket_bytes=20_000,
+                           compression=codec, overlap=True)
+    torch.nn.functional.mse_loss(model(torch.randn(8, 30)), torch.zeros(8, 40)).backward()
+    assert sync.started == list(range(len(sync.buckets))) and len(sync.buckets) > 2
+    want = [p.grad.clone() for p in model.parameters()]
+    assert sync.allreduce_grads() is False
+    assert all(torch.equal(p.grad, w) for p, w in zip(model.parameters(), want))
+    sync.close()
+    topo.close()
