@@ -57,6 +57,9 @@ def parse_args(argv):
                     help="per-sample reads per rank (at most; x20 for the small samples)")
     ap.add_argument("--no-cold", action="store_true", help="skip the cold-cache rows")
     ap.add_argument("--job-steps", type=int, default=150, help="training steps for the data-wait share")
+    ap.add_argument("--job-only", action="store_true", help="only the default job's data-wait share")
+    ap.add_argument("--job-driver", choices=("auto", "mpio", "serial"), help="HDF5 driver of the job "
+                    "(default: the config default, data.hdf5_driver)")
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     return ap.parse_args(argv)
 
@@ -212,17 +215,20 @@ class Bench:
             f.close()
 
 
-def data_wait_share(comm, topo, steps: int) -> dict:
+def data_wait_share(comm, topo, steps: int, driver: str | None = None) -> dict:
     """Train the default job's model (digits CNN, global batch 64) and time the loader waits."""
     import torch
     from hpctrain.data.builtin import resolve_dataset
     from hpctrain.models import build_model
     torch.set_num_threads(1)
-    d = resolve_dataset("digits", "~/.cache/hpctrain", comm)
-    idx = read_index(d)
-    shards = ShardSet(idx, "train")
-    ld = ShardLoader(shards, rank=topo.rank, size=topo.size, batch_size=64 // topo.size, block_size=32,
-                     shuffle_window=1024, prefetch=2)
+    from hpctrain.config import DataConfig
+    from hpctrain.data import train_loader
+    cfg = DataConfig()                                    # the default job's data options
+    idx = read_index(resolve_dataset(cfg.dataset, cfg.cache_dir, comm))
+    ld = train_loader(idx, topo, batch_size=64 // topo.size, seed=0, block_size=cfg.block_size,
+                      shuffle_window=cfg.shuffle_window, prefetch=cfg.prefetch, drop_last=cfg.drop_last,
+                      augment=cfg.augment, reader=cfg.reader, hdf5_driver=driver or cfg.hdf5_driver)
+    driver = ld.shards.driver
     torch.manual_seed(0)
     model = build_model("digits_cnn", num_classes=idx.num_classes, in_channels=idx.sample_shape[0])
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -244,7 +250,7 @@ def data_wait_share(comm, topo, steps: int) -> dict:
     total = time.perf_counter() - t0
     ld.close()
     shares = comm.allgather(ld.stats.wait_s / total)
-    return {"steps": done, "step_ms": 1e3 * total / done, "wait_share_max": max(shares),
+    return {"steps": done, "step_ms": 1e3 * total / done, "driver": driver, "wait_share_max": max(shares),
             "wait_share_mean": float(np.mean(shares))}
 
 
@@ -258,7 +264,8 @@ def table(rows: list, job: dict, header: str) -> str:
         vc = r["mb_per_s"] / cat[key]["mb_per_s"] if key in cat else float("nan")
         out.append(f"{r['data']:<13} {r['method']:<66} {r['cache']:<5} {r['samples_per_s']:>10.0f} "
                    f"{r['mb_per_s']:>8.0f} {vr:>8.1f}x {100 * vc:>6.0f}%")
-    out.append(f"default job (digits CNN, global batch 64, {job['steps']} steps, {job['step_ms']:.2f} ms/step): "
+    out.append(f"default job (digits CNN, global batch 64, HDF5 {job['driver']}, {job['steps']} steps, "
+               f"{job['step_ms']:.2f} ms/step): "
                f"data-wait share {100 * job['wait_share_mean']:.2f} % (worst rank {100 * job['wait_share_max']:.2f} %)")
     return "\n".join(out)
 
@@ -289,6 +296,12 @@ def main(argv) -> int:
                 print(f"removed {d}")
         return 0
     topo = Topology.create(comm)
+    if args.job_only:
+        job = data_wait_share(comm, topo, args.job_steps, args.job_driver)
+        if topo.rank == 0:
+            print(table([], job, f"io bench: default job only, {topo.size} rank(s)"))
+        topo.close()
+        return 0
     ensure(args.dir, n_samples(args.size_gb, SHAPE), SHAPE, args.shards, comm)
     big = Bench(args, comm, topo, args.dir, "3x224x224")
     section(big, full=True)
@@ -298,7 +311,7 @@ def main(argv) -> int:
         small = Bench(args, comm, topo, small_dir, "3x32x32")
         section(small, full=False)
         rows += small.rows
-    job = data_wait_share(comm, topo, args.job_steps)
+    job = data_wait_share(comm, topo, args.job_steps, args.job_driver)
     if topo.rank == 0:
         n_bytes = sum(os.path.getsize(f) for f in big.files)
         header = (f"io bench: {n_bytes / 2**30:.2f} GiB in {len(big.files)} shards at {args.dir} "

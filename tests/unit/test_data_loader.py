@@ -123,3 +123,21 @@ def test_thread_running_ahead_into_next_epoch_changes_nothing(uneven):
         assert len(got) == len(want) == sync.steps
         assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(want, got))
     ahead.close()
+
+
+def test_jpeg_shards_decoded_in_the_loader(tmp_path):
+    from hpctrain.data.augment import Normalize
+    from hpctrain.data.images import decode_batch
+    rng = np.random.default_rng(0)
+    x = np.repeat(rng.integers(0, 256, (24, 3, 1, 1), dtype=np.uint8), 16, 2).repeat(16, 3)   # flat colours
+    convert(from_arrays({"train": (x, np.arange(24) % 2)}, ["a", "b"], "t", encode="jpeg"), str(tmp_path), 2)
+    s = ShardSet(read_index(str(tmp_path)), "train")
+    ld = ShardLoader(s, rank=0, size=1, batch_size=6, block_size=4, shuffle_window=12)
+    raw = list(ld.raw_batches(0))
+    got = list(ld.epoch(0))
+    norm = Normalize(s.index.normalize, 3)
+    for (blobs, y), (t, ty) in zip(raw, got):
+        assert blobs.dtype == object and t.shape == (6, 3, 16, 16)
+        assert torch.equal(t, norm(decode_batch(blobs, (3, 16, 16)))) and torch.equal(ty, torch.from_numpy(y))
+    assert ld.stats.decode_s > 0
+    ld.close()
