@@ -102,6 +102,7 @@ def test_cancel_checkpoints_then_resubmit_resumes(tmp_path):
     assert f"resumed from {last['checkpoint']}" in output(run_dir, job2)
 
 
+@pytest.mark.timeout(600)
 def test_staged_environment(tmp_path):
     """HPCTRAIN_STAGE=1: the venv and sources are copied to node-local /tmp and used from there."""
     run_dir, stage_dir = tmp_path / "staged", f"/tmp/hpctrain-stage-test-{os.getpid()}"
