@@ -186,7 +186,8 @@ def agent_script(spec: ClusterSpec) -> str:
 
     It enters HOST's network namespace and a UTS namespace of its own named after the node, so
     each node has its own hostname (and Open MPI's session directory), then runs CMD with
-    ``sh -c`` exactly as sshd would.
+    ``sh -c`` exactly as sshd would. It exports ``HPCTRAIN_NODE_ADDR`` (the node's address) and
+    ``GLOO_SOCKET_IFNAME`` (its NIC), which the ranks inherit from their orted.
     """
     cases = "".join(f"  {a}) ns={ns} ;;\n" for a, ns in zip(spec.addresses, spec.namespaces))
     return ("#!/bin/sh\n"
@@ -197,4 +198,7 @@ def agent_script(spec: ClusterSpec) -> str:
             f"{cases}"
             '  *) echo "hpctrain cluster agent: no node has address $host" >&2; exit 255 ;;\n'
             "esac\n"
+            "# The node's address for programs that open their own sockets (a torch.distributed\n"
+            "# rendezvous on rank 0's node), and the NIC gloo should use.\n"
+            'export HPCTRAIN_NODE_ADDR="$host" GLOO_SOCKET_IFNAME=' + NODE_IF + "\n"
             'exec ip netns exec "$ns" unshare --uts sh -c \'hostname "$0" && exec sh -c "$1"\' "$ns" "$*"\n')

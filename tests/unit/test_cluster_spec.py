@@ -89,13 +89,13 @@ def test_agent_enters_the_namespace_of_the_host(tmp_path):
     agent.write_text(agent_script(s))
     agent.chmod(agent.stat().st_mode | stat.S_IEXEC)
     fake_ip = tmp_path / "ip"
-    fake_ip.write_text('#!/bin/sh\nfor a in "$@"; do printf "[%s]" "$a"; done\n')
+    fake_ip.write_text('#!/bin/sh\nprintf "<%s>" "$HPCTRAIN_NODE_ADDR"\nfor a in "$@"; do printf "[%s]" "$a"; done\n')
     fake_ip.chmod(0o755)
     env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
     r = subprocess.run([str(agent), "10.77.3.2", "orted", "-mca", "x", '"a;b"'], capture_output=True,
                        text=True, env=env, timeout=10)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("[netns][exec][t-node1][unshare][--uts][sh][-c]")
+    assert r.stdout.startswith("<10.77.3.2>[netns][exec][t-node1][unshare][--uts][sh][-c]")
     assert r.stdout.endswith('[t-node1][orted -mca x "a;b"]')       # one string, as ssh passes it
     bad = subprocess.run([str(agent), "10.77.3.9", "true"], capture_output=True, text=True, env=env, timeout=10)
     assert bad.returncode == 255 and "no node has address 10.77.3.9" in bad.stderr
