@@ -20,7 +20,8 @@ import numpy as np
 
 from data_tools.sources import Source, SourceError, from_arrays
 from hpctrain.data.plan import block_range
-from hpctrain.data.shards import INDEX, ShardWriter, atomic_write_text, file_sha256, shard_name, write_index
+from hpctrain.data.shards import INDEX, atomic_write_text, file_sha256, shard_name, write_index
+from hpctrain.data.shardwriter import ShardWriter
 
 CHUNK_BYTES = 32 << 20          # samples read and written per step (bounds memory per rank)
 RECORDS = ".convert"
