@@ -15,7 +15,7 @@ say() { printf '[setup] %s\n' "$*"; }
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 # 1. One MPI for everything (Debian's Open MPI), and the HDF5 built on it.
-debs="openmpi-bin libopenmpi-dev libhdf5-openmpi-dev pkg-config build-essential"
+debs="openmpi-bin libopenmpi-dev libhdf5-openmpi-dev pkg-config build-essential iproute2 procps"
 if ! dpkg -s $debs >/dev/null 2>&1; then
   say "installing Debian packages: $debs"
   as_root apt-get update -qq
