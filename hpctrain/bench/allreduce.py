@@ -8,7 +8,8 @@ hpctrain ``flat`` and ``hierarchical`` with compression ``none`` and ``fp16``, a
 ``torch.distributed`` gloo (the peer). Only the collective is timed: the data is already in the
 bucket (for ``hierarchical``, in the shared window) and the mean is left where the strategy
 leaves it (read in place). Each timed iteration is preceded by an untimed refill of the input
-and a barrier; an iteration's time is the slowest rank's; the table shows the median.
+and a barrier; an iteration's time is the slowest rank's; the table shows the median. The
+implementations take turns iteration by iteration, so background load hits all of them alike.
 algbw = bytes / time and busbw = algbw * 2(n-1)/n (nccl-tests' definitions, PERFORMANCE.md
 there), where bytes is the fp32 payload, also for fp16 (its effective bandwidth).
 """
@@ -48,35 +49,39 @@ def bandwidths(n_bytes: int, time_s: float, world_size: int) -> tuple[float, flo
     return algbw, algbw * 2 * (world_size - 1) / world_size
 
 
-def timed(comm: MPI.Comm, op, refill, iters: int, warmup: int) -> float:
-    """Median over iterations of the slowest rank's time of ``op()`` (seconds)."""
-    times = []
+def timed_round_robin(comm: MPI.Comm, cases, iters: int, warmup: int) -> list[float]:
+    """Median over iterations of the slowest rank's time of each case's ``op()`` (seconds).
+
+    ``cases`` are ``(op, refill)`` pairs. Every iteration runs every case once, in an order that
+    rotates, so that each implementation sees the same background load (a shared machine's
+    noise then spreads over all of them instead of biasing whichever ran during a busy spell).
+    """
+    times = [[] for _ in cases]
     for i in range(warmup + iters):
-        refill()
-        comm.Barrier()
-        t0 = time.perf_counter()
-        op()
-        dt = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
-        if i >= warmup:
-            times.append(dt)
-    return float(np.median(times))
+        for k in range(len(cases)):
+            j = (k + i) % len(cases)
+            op, refill = cases[j]
+            refill()
+            comm.Barrier()
+            t0 = time.perf_counter()
+            op()
+            dt = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+            if i >= warmup:
+                times[j].append(dt)
+    return [float(np.median(t)) for t in times]
 
 
-def bench_mpi4py(comm, src, iters, warmup):
+def case_mpi4py(comm, src):
     buf = src.numpy().copy()
-    return timed(comm, lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM),
-                 lambda: np.copyto(buf, src.numpy()), iters, warmup)
+    return (lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM),
+            lambda: np.copyto(buf, src.numpy())), None
 
 
-def bench_strategy(name, codec, topo, src, iters, warmup):
+def case_strategy(name, codec, topo, src):
     param = torch.nn.Parameter(torch.zeros(src.numel()))
     sync = comm_lib.create(name, [param], topo, bucket_bytes=src.numel() * 4, compression=codec)
     bucket = sync.buckets[0]
-    try:
-        return timed(topo.comm, lambda: run(sync.reduce_bucket(bucket)),
-                     lambda: bucket.flat.copy_(src), iters, warmup)
-    finally:
-        sync.close()
+    return (lambda: run(sync.reduce_bucket(bucket)), lambda: bucket.flat.copy_(src)), sync
 
 
 def init_gloo(comm):
@@ -92,9 +97,9 @@ def init_gloo(comm):
     return dist
 
 
-def bench_gloo(dist, comm, src, iters, warmup):
+def case_gloo(dist, src):
     buf = src.clone()
-    return timed(comm, lambda: dist.all_reduce(buf), lambda: buf.copy_(src), iters, warmup)
+    return (lambda: dist.all_reduce(buf), lambda: buf.copy_(src)), None
 
 
 def measure(args, comm) -> list[dict]:
@@ -104,15 +109,19 @@ def measure(args, comm) -> list[dict]:
     rng = np.random.default_rng(comm.Get_rank())
     for n_bytes in args.sizes:
         src = torch.from_numpy(rng.standard_normal(n_bytes // 4).astype(np.float32))
-        runs = [("mpi4py", "none", lambda: bench_mpi4py(comm, src, args.iters, args.warmup))]
-        for name in args.strategies:
-            for codec in args.compressions:
-                runs.append((name, codec, lambda name=name, codec=codec:
-                             bench_strategy(name, codec, topo, src, args.iters, args.warmup)))
+        names = [("mpi4py", "none")] + [(s, c) for s in args.strategies for c in args.compressions]
+        built = [case_mpi4py(comm, src)]
+        built += [case_strategy(s, c, topo, src) for s, c in names[1:]]
         if dist is not None:
-            runs.append(("gloo", "none", lambda: bench_gloo(dist, comm, src, args.iters, args.warmup)))
-        for impl, codec, fn in runs:
-            t = fn()
+            names.append(("gloo", "none"))
+            built.append(case_gloo(dist, src))
+        try:
+            times = timed_round_robin(comm, [case for case, _ in built], args.iters, args.warmup)
+        finally:
+            for _, sync in built:
+                if sync is not None:
+                    sync.close()
+        for (impl, codec), t in zip(names, times):
             algbw, busbw = bandwidths(n_bytes, t, n)
             rows.append({"impl": impl, "compression": codec, "ranks_per_node": topo.local_size,
                          "world_size": n, "bytes": n_bytes, "time_s": t,
