@@ -266,3 +266,29 @@ def test_algorithm_options_from_config():
     cfg.sync.comm_delay_ms = -1.0
     with pytest.raises(ConfigError, match="sync.comm_delay_ms"):
         validate(cfg)
+
+
+def test_loss_scaling_overflow_skips_that_rounds_global_update_one_step_later():
+    from hpctrain.optim.loss_scale import LossScaler
+    steps, bad = 6, 3
+    model = linear_model()
+    scaler = LossScaler(init_scale=1024.0, growth_interval=1000)
+    topo = Topology.create(MPI.COMM_SELF)
+    tr = DistributedTrainer(model, torch.optim.SGD(model.parameters(), lr=0.1), topo, algorithm="odsgd",
+                            algorithm_options={"warmup_steps": 1}, loss_fn=half_mse, scaler=scaler)
+    batches = linear_batches(1, steps)
+    batches[bad] = (batches[bad][0].clone().fill_(float("inf")), batches[bad][1])
+    ref = hand_odsgd(model.weight.detach().numpy()[0].copy(), batches[:bad], 1, 1, [0.1] * bad, 0.0)
+    for t, (x, y) in enumerate(batches[:bad + 2]):
+        W_before = tr.algo.global_weights()[0].clone()
+        r = tr.step(x, y)
+        if t < bad:                 # scaled, then unscaled exactly (powers of two): the plain formulas
+            np.testing.assert_allclose(model.weight.detach().numpy()[0], ref[t][1][0], rtol=0, atol=1e-13)
+        if t == bad:                # own gradient not finite: no local step, ŵ = W; overflow not known yet
+            assert not r.skipped and torch.equal(model.weight.detach(), tr.algo.global_weights()[0])
+        if t == bad + 1:            # the round of step `bad` overflowed: W unchanged, scale backed off
+            assert r.skipped and scaler.scale == 512.0
+            assert torch.equal(tr.algo.global_weights()[0], W_before)
+        assert torch.isfinite(model.weight).all()
+    tr.close()
+    topo.close()
