@@ -4,6 +4,7 @@
 """
 import json
 import os
+import shutil
 import tempfile
 
 import numpy as np
@@ -19,9 +20,15 @@ from hpctrain.data import ShardSet, read_index
 register_all()
 
 
-def shared_tmpdir(comm):
-    path = tempfile.mkdtemp(prefix="hpctrain-convert-") if comm.Get_rank() == 0 else None
-    return comm.bcast(path, root=0)
+@pytest.fixture
+def shared_tmpdir():
+    """One directory for all ranks (rank 0 makes it and removes it afterwards)."""
+    comm = MPI.COMM_WORLD
+    path = comm.bcast(tempfile.mkdtemp(prefix="hpctrain-convert-") if comm.Get_rank() == 0 else None, root=0)
+    yield path
+    comm.Barrier()
+    if comm.Get_rank() == 0:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def make_tree(root, rng):
@@ -33,9 +40,9 @@ def make_tree(root, rng):
 
 
 @pytest.mark.mpi
-def test_parallel_conversion_equals_serial():
+def test_parallel_conversion_equals_serial(shared_tmpdir):
     comm = MPI.COMM_WORLD
-    base = shared_tmpdir(comm)
+    base = shared_tmpdir
     if comm.Get_rank() == 0:
         make_tree(os.path.join(base, "src"), np.random.default_rng(0))
     comm.Barrier()
@@ -60,9 +67,9 @@ def test_parallel_conversion_equals_serial():
 
 
 @pytest.mark.mpi
-def test_failure_on_one_rank_fails_all_without_index():
+def test_failure_on_one_rank_fails_all_without_index(shared_tmpdir):
     comm = MPI.COMM_WORLD
-    base = shared_tmpdir(comm)
+    base = shared_tmpdir
     if comm.Get_rank() == 0:
         make_tree(os.path.join(base, "src"), np.random.default_rng(1))
         with open(os.path.join(base, "src", "bee", "3.png"), "wb") as fh:

@@ -2,6 +2,7 @@
 
 ``mpiexec -n 2 .venv/bin/python -m pytest --only-mpi --color=no tests/mpi/test_data_node.py``
 """
+import shutil
 import tempfile
 
 import numpy as np
@@ -26,7 +27,10 @@ def dataset():
         x = rng.integers(0, 256, (157, 3, 6, 5), dtype=np.uint8)
         convert(from_arrays({"train": (x, rng.integers(0, 4, 157))}, list("abcd"), "t"), path, 3)
     comm.Barrier()
-    return path
+    yield path
+    comm.Barrier()
+    if comm.Get_rank() == 0:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def batches(loader, epoch, n=None, **kw):
