@@ -17,7 +17,7 @@ from hpctrain import comm as comm_lib
 from hpctrain import sync as sync_lib
 from hpctrain.checkpoint import Checkpointer
 from hpctrain.config import Config, ConfigError
-from hpctrain.data import ShardError, ShardLoader, ShardSet, eval_batches, read_index
+from hpctrain.data import ShardError, ShardLoader, ShardSet, eval_batches, open_split, read_index, train_loader
 from hpctrain.data.builtin import resolve_dataset
 from hpctrain.faults import StopSignal, Stopped, agree, check_consistency, maybe_inject, software_versions
 from hpctrain.metrics import MetricsLog, StepTimer, gpu_time
@@ -89,14 +89,14 @@ def check_model_output(model: torch.nn.Module, sample: torch.Tensor, num_classes
 def _build(cfg: Config, topo: Topology) -> Job:
     data_dir = resolve_dataset(cfg.data.dataset, cfg.data.cache_dir, topo.comm)
     index = read_index(data_dir)
-    train_set, test_set = ShardSet(index, "train"), ShardSet(index, "test")
-    train_set.check()
+    d = cfg.data
+    loader = train_loader(index, topo, batch_size=cfg.train.batch_size // topo.size, seed=cfg.train.seed,
+                          block_size=d.block_size, shuffle_window=d.shuffle_window, prefetch=d.prefetch,
+                          drop_last=d.drop_last, augment=d.augment, augment_kind=d.augment_kind,
+                          augment_flip=d.augment_flip, reader=d.reader, hdf5_driver=d.hdf5_driver)
+    train_set = loader.shards
+    test_set = open_split(index, "test", topo, driver=d.hdf5_driver)
     test_set.check()
-    per_rank = cfg.train.batch_size // topo.size
-    loader = ShardLoader(train_set, rank=topo.rank, size=topo.size, batch_size=per_rank,
-                         seed=cfg.train.seed, block_size=cfg.data.block_size,
-                         shuffle_window=cfg.data.shuffle_window, prefetch=cfg.data.prefetch,
-                         drop_last=cfg.data.drop_last)
     if loader.steps == 0:
         raise ConfigError(f"config train.batch_size: global batch {cfg.train.batch_size} is larger than "
                           f"the {train_set.num_samples} training samples")
@@ -147,7 +147,7 @@ def evaluate(job: Job, batch_size: int = 256) -> dict:
 def polish(job: Job) -> dict:
     """Final Polishing: BN statistics recomputed on un-augmented training data, then re-evaluated."""
     cfg = job.cfg
-    batches = job.loader.epoch(cfg.train.epochs)   # no augmentation in the loader yet
+    batches = job.loader.epoch(cfg.train.epochs, augment=False)
     if cfg.polish.bn_batches:
         batches = itertools.islice(batches, cfg.polish.bn_batches)
     with job.timer.span("polish"):
@@ -178,6 +178,7 @@ def run(cfg: Config, comm: MPI.Comm) -> dict:
     start_step = trainer.step_count
     log = MetricsLog(cfg.run.run_dir, enabled=is_root)
     log.log("config", config=cfg.to_dict(), world_size=topo.size, topology=topo.describe(),
+            data=loader.describe(), test_data=job.test_set.describe(),
             steps_per_epoch=loader.steps, resumed_from=ckpt.last_path if resumed else None, start_step=start_step)
     timeline = Timeline(topo.comm) if cfg.run.timeline else None
     watchdog = Watchdog(topo.comm, cfg.run.watchdog_s) if cfg.run.watchdog_s > 0 else None
@@ -196,7 +197,10 @@ def run(cfg: Config, comm: MPI.Comm) -> dict:
     lr = trainer.lr()
     for epoch in range(first_epoch, cfg.train.epochs):
         t_epoch, loss_sum, n = time.perf_counter(), torch.zeros(()), 0
-        for x, y in timed_batches(loader.epoch(epoch, skip=skip if epoch == first_epoch else 0), job.timer):
+        # Final Polishing (b): the last polish.unaugmented_epochs epochs see the data as validation does
+        augment = epoch < cfg.train.epochs - cfg.polish.unaugmented_epochs
+        batches = loader.epoch(epoch, skip=skip if epoch == first_epoch else 0, augment=augment)
+        for x, y in timed_batches(batches, job.timer):
             if trainer.step_count >= total_steps:
                 break
             if watchdog:
@@ -256,5 +260,7 @@ def run(cfg: Config, comm: MPI.Comm) -> dict:
                       start_step=start_step, **gpu_time(wall_s, topo.size, epochs_here))
     log.close()
     trainer.close()
+    loader.close()
+    job.test_set.close()
     topo.close()
     return summary
