@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections import Counter
 
@@ -27,6 +28,10 @@ from mpi4py import MPI
 
 class UserError(Exception):
     """A problem with the user's input; printed as one line, exit status 2."""
+
+
+class ConsistencyError(ValueError):
+    """Ranks disagree on model, config or software (same message on every rank; ``agree`` reports it)."""
 
 
 class Stopped(UserError):
@@ -111,10 +116,11 @@ def _digest(lines: list[str]) -> str:
 def check_consistency(comm: MPI.Comm, model, config: dict, software: dict | None = None) -> None:
     """Collective: every rank must have built the same model from the same config and software.
 
-    Raises the same :class:`UserError` on every rank naming the odd rank(s) out (the minority
-    against the most common fingerprint; on a tie, against rank 0) and the first difference.
-    Two 64-byte digests per rank cross the network; the full signatures only on a mismatch.
-    Shares :func:`agree`'s wire format, so it is safe while another rank is already in ``agree``.
+    Raises the same :class:`ConsistencyError` on every rank naming the odd rank(s) out (the
+    minority against the most common fingerprint; on a tie, against rank 0) and the first
+    difference; pass it to :func:`agree` like any set-up error. Two 64-byte digests per rank cross
+    the network; the full signatures only on a mismatch. Shares ``agree``'s wire format: if another
+    rank already failed and is inside ``agree``, this is that ``agree`` and raises its UserError.
     """
     sigs = {"model": model_signature(model), "config": config_signature(config, software)}
     entries = comm.allgather(("fingerprint", _digest(sigs["model"]), _digest(sigs["config"])))
@@ -137,7 +143,7 @@ def check_consistency(comm: MPI.Comm, model, config: dict, software: dict | None
         problems.append(f"the {what} on rank{'s' if len(odd) > 1 else ''} {', '.join(map(str, odd))} "
                         f"differs from rank {ref}'s: rank {odd[0]} has {first_difference(ref_lines, odd_lines)}")
     if problems:
-        raise UserError("start-up check failed: " + "; ".join(problems)
+        raise ConsistencyError("start-up check failed: " + "; ".join(problems)
                         + " (every rank must run the same code, config file and software)")
 
 
@@ -202,11 +208,16 @@ class StopSignal:
 # --- test hooks -------------------------------------------------------------------------------------
 
 def maybe_inject(rank: int, step: int) -> None:
-    """Test hook: ``HPCTRAIN_INJECT_FAULT=RANK:STEP`` raises on that rank at that step."""
+    """Test hook: ``HPCTRAIN_INJECT_FAULT=RANK:STEP`` raises on that rank at that step;
+    ``RANK:STEP:sleep=SECONDS`` stalls it instead (for the watchdog)."""
     spec = os.environ.get("HPCTRAIN_INJECT_FAULT")
     if spec:
-        r, _, s = spec.partition(":")
+        r, _, rest = spec.partition(":")
+        s, _, action = rest.partition(":")
         if int(r) == rank and int(s or 0) == step:
+            if action.startswith("sleep="):
+                time.sleep(float(action[len("sleep="):]))
+                return
             raise RuntimeError(f"injected fault (HPCTRAIN_INJECT_FAULT={spec})")
 
 

@@ -7,8 +7,8 @@ progress — ``step * 64 + spans completed in the step`` — into an MPI-3 one-s
 thread on rank 0 reads that window's local memory (no MPI calls from the thread, so no
 ``MPI_THREAD_MULTIPLE`` needed; the window is in MPI's unified memory model) and, when the
 values have not changed for ``timeout_s``, prints the ranks that have not reached the furthest
-rank's point, e.g. "rank 3 has not finished 'forward' of step 57; ranks 0-2 wait after
-'backward' (in the gradient allreduce)". Every rank runs the same phases in the same order, so
+rank's point, e.g. "no progress for 30 s: rank 3 is after 'forward' of step 57; ranks 0-2, 4-7
+wait after 'backward' of step 57" (that is, in the gradient allreduce). Every rank runs the same phases in the same order, so
 progress values are comparable across ranks. It reports; it does not abort (a slow file system
 can stall a healthy job).
 """
@@ -37,6 +37,10 @@ def compress_ranks(ranks: list[int]) -> str:
     return ", ".join(out)
 
 
+def _ranks(ranks: list[int]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {compress_ranks(ranks)}"
+
+
 def describe_stall(values, phase_names: list[str], stalled_s: float) -> str:
     """The report for progress ``values`` (one per rank); ``phase_names`` of a step, in order."""
     values = [int(v) for v in values]
@@ -45,21 +49,21 @@ def describe_stall(values, phase_names: list[str], stalled_s: float) -> str:
     def where(v: int) -> str:
         step, k = divmod(v, SLOTS_PER_STEP)
         if k == 0:
-            return f"the start of step {step}"
+            return f"at the start of step {step}"
         name = phase_names[k - 1] if k - 1 < len(phase_names) else f"phase {k}"
-        return f"'{name}' of step {step}"
+        return f"after '{name}' of step {step}"
 
     groups: dict[int, list[int]] = {}
     for r, v in enumerate(values):
         groups.setdefault(v, []).append(r)
     if len(groups) == 1:
-        return (f"no progress for {stalled_s:.0f} s: all {len(values)} ranks are past {where(lead)} "
+        return (f"no progress for {stalled_s:.0f} s: all {len(values)} ranks are {where(lead)} "
                 f"(a collective has not completed, or every rank is busy)")
-    behind = [f"rank{'s' if len(rs) > 1 else ''} {compress_ranks(rs)} past {where(v)}"
+    behind = [f"{_ranks(rs)} {'are' if len(rs) > 1 else 'is'} {where(v)}"
               for v, rs in sorted(groups.items()) if v != lead]
     ahead = groups[lead]
-    return (f"no progress for {stalled_s:.0f} s: {'; '.join(behind)} — not yet at the point where "
-            f"rank{'s' if len(ahead) > 1 else ''} {compress_ranks(ahead)} wait (past {where(lead)})")
+    return (f"no progress for {stalled_s:.0f} s: {'; '.join(behind)}; {_ranks(ahead)} "
+            f"{'wait' if len(ahead) > 1 else 'waits'} {where(lead)}")
 
 
 class Watchdog:

@@ -1,7 +1,12 @@
 """A rank that fails must fail the job: promptly, non-zero, naming the rank."""
-import pytest
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
-from tests.integration.mpirun import mpirun
+from tests.integration.mpirun import ENV, mpirun
 
 RAISE_ON_RANK_1 = """
 from mpi4py import MPI
@@ -27,3 +32,45 @@ def test_training_fault_mid_run_names_rank(tmp_path):
     assert r.returncode != 0, r.stdout
     assert secs < 60
     assert "rank 1/2 failed" in r.stderr and "injected fault" in r.stderr
+
+
+def test_exception_on_rank_2_of_4_stops_all_and_names_it(tmp_path):
+    r, secs = mpirun(4, ["-m", "hpctrain", "--run-dir", str(tmp_path), "--no-progress", "--epochs", "3"],
+                     env={"HPCTRAIN_INJECT_FAULT": "2:5"}, timeout=120)
+    assert r.returncode != 0, r.stdout
+    assert "hpctrain: rank 2/4 failed: RuntimeError: injected fault" in r.stderr
+    assert "aborting all 4 ranks" in r.stderr
+    assert not any(f"rank {k}/4 failed" in r.stderr for k in (0, 1, 3))
+    assert secs < 90
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as fh:
+        return [int(p) for p in fh.read().split()]
+
+
+def test_kill_9_of_one_rank_fails_the_job_promptly(tmp_path):
+    """SIGKILL one of 4 ranks mid-training: mpiexec must return non-zero within 30 s."""
+    proc = subprocess.Popen(["mpiexec", "-n", "4", sys.executable, "-m", "hpctrain", "--run-dir", str(tmp_path),
+                             "--no-progress", "--epochs", "50"], env={**os.environ, **ENV},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        metrics = tmp_path / "metrics.jsonl"
+        while not (metrics.exists() and any(json.loads(x)["event"] == "epoch" for x in metrics.read_text().splitlines())):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-2000:]
+            time.sleep(0.2)
+        victims = _children(proc.pid)               # mpiexec's children are the ranks
+        assert len(victims) == 4
+        os.kill(victims[2], signal.SIGKILL)
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+        secs = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0
+    assert secs < 30, f"mpiexec took {secs:.1f} s to notice"
+    print(f"mpiexec exited {secs:.2f} s after SIGKILL of rank 2/4")
+    assert "signal 9" in err or "Killed" in err

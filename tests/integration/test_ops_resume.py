@@ -1,0 +1,91 @@
+"""Checkpoint/restart of the CLI job: bit-identical resume, kill during a write, another world size,
+and the merged timeline of a real run."""
+import json
+import os
+import sys
+
+import pytest
+import torch
+
+from hpctrain import checkpoint as ck
+from tests.integration.mpirun import mpirun
+
+K = 15                  # not a multiple of the 22 steps per epoch: the resume lands mid-epoch
+ARGS = ["-m", "hpctrain", "--no-progress", "--set", "train.eval_every=0"]
+
+
+def run(n, run_dir, *extra, env=None):
+    r, secs = mpirun(n, [*ARGS, "--run-dir", str(run_dir), *extra], timeout=300, env=env)
+    return r
+
+
+def final_state(run_dir):
+    (step, path), *_ = reversed(ck.list_checkpoints(os.path.join(run_dir, "checkpoints")))
+    return step, ck.decode(ck.read_file(path)[1])
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """2K steps in one go, on 2 ranks, with the timeline on."""
+    d = tmp_path_factory.mktemp("straight")
+    r = run(2, d, "--max-steps", str(2 * K), "--set", "run.timeline=true")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return d
+
+
+def test_resume_is_bit_identical(straight, tmp_path):
+    r = run(2, tmp_path, "--max-steps", str(K))
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = run(2, tmp_path, "--max-steps", str(2 * K), "--set", "ckpt.resume=auto")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"resumed from {tmp_path}/checkpoints/{ck.checkpoint_name(K)}: step {K}, epoch 0, step {K}" in r.stderr
+    step_a, a = final_state(straight)
+    step_b, b = final_state(tmp_path)
+    assert step_a == step_b == 2 * K and b["epoch"] == 1 and b["step_in_epoch"] == 2 * K - 22
+    for key, ta in a["trainer"]["model"].items():
+        assert torch.equal(ta, b["trainer"]["model"][key]), key          # bit for bit
+    oa, ob = a["trainer"]["optimizer"]["state"], b["trainer"]["optimizer"]["state"]
+    assert oa.keys() == ob.keys() and all(torch.equal(oa[i]["momentum_buffer"], ob[i]["momentum_buffer"]) for i in oa)
+    summary = json.loads(open(tmp_path / "metrics.jsonl").readlines()[-1])
+    assert summary["event"] == "summary" and summary["start_step"] == K and summary["steps"] == 2 * K
+
+
+def test_timeline_has_every_rank(straight):
+    trace = json.load(open(straight / "timeline.json"))
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    for rank in (0, 1):
+        names = [e["name"] for e in spans if e["pid"] == rank]
+        for phase in ("data", "forward", "backward", "allreduce", "optimizer", "checkpoint"):
+            assert phase in names, (rank, phase)
+        assert names.count("forward") == 2 * K
+        assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in spans)
+
+
+def test_other_world_size_replans(tmp_path, straight):
+    """A 2-rank checkpoint continues on 1 rank: same global batch, so the same step of the epoch."""
+    path = os.path.join(straight, "checkpoints", ck.checkpoint_name(2 * K))
+    r = run(1, tmp_path, "--max-steps", str(2 * K + 4), "--set", f"ckpt.resume={path}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "is from 2 ranks, this run has 1" in r.stderr
+    summary = json.loads(open(tmp_path / "metrics.jsonl").readlines()[-1])
+    assert summary["start_step"] == 2 * K and summary["steps"] == 2 * K + 4
+    # a different global batch re-plans the position: 30 steps of 64 in epoch 0 → 8 steps of 128 of epoch 1
+    r = run(1, tmp_path / "b128", "--max-steps", "40", "--batch-size", "128", "--set", f"ckpt.resume={path}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resumed from" in r.stderr and "step 15, epoch 1, step 4 of 11 in the epoch" in r.stderr
+
+
+def test_kill_during_checkpoint_write_then_resume(tmp_path):
+    env = {"HPCTRAIN_INJECT_KILL": "checkpoint:2"}     # SIGKILL half-way through the second write
+    r, _ = mpirun(1, [*ARGS, "--run-dir", str(tmp_path), "--max-steps", "12", "--set", "ckpt.every_steps=4"],
+                  env=env, timeout=300)
+    assert r.returncode != 0
+    names = sorted(os.listdir(tmp_path / "checkpoints"))
+    assert names[0].startswith(".ckpt-000000008.pt.tmp-") and names[1:] == [ck.checkpoint_name(4)]
+    header, _ = ck.read_file(str(tmp_path / "checkpoints" / ck.checkpoint_name(4)))   # checksum verifies
+    assert header["step"] == 4
+    r = run(1, tmp_path, "--max-steps", "12", "--set", "ckpt.every_steps=4", "--set", "ckpt.resume=auto")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"resumed from {tmp_path}/checkpoints/{ck.checkpoint_name(4)}" in r.stderr
+    assert [s for s, _ in ck.list_checkpoints(str(tmp_path / "checkpoints"))] == [4, 8, 12]
+    assert not any(".tmp-" in n for n in os.listdir(tmp_path / "checkpoints"))   # stray file pruned

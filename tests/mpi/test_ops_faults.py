@@ -1,0 +1,150 @@
+"""Start-up consistency check, stop-signal agreement and the stall watchdog, across ranks.
+
+``mpiexec -n 2 .venv/bin/python -m pytest --only-mpi --color=no tests/mpi/test_ops_faults.py``
+(also at -n 4). Each rank checks the same verdict; the failure hook makes any rank's failure fail all.
+"""
+import os
+import signal
+import time
+
+import pytest
+import torch
+from mpi4py import MPI
+from torch import nn
+
+from hpctrain.faults import ConsistencyError, StopSignal, UserError, agree, check_consistency
+from hpctrain.watchdog import SLOTS_PER_STEP, Watchdog, compress_ranks, describe_stall
+
+CFG = {"train": {"batch_size": 64, "seed": 0}, "optim": {"lr": 0.1}}
+
+
+def model(width=4):
+    return nn.Sequential(nn.Linear(3, width), nn.BatchNorm1d(width), nn.Linear(width, 2))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_same_model_and_config_pass(world):
+    check_consistency(world, model(), CFG, {"torch": torch.__version__})
+
+
+@pytest.mark.mpi(min_size=2)
+def test_odd_model_names_its_rank(world):
+    odd = world.Get_size() - 1
+    m = model(5 if world.Get_rank() == odd else 4)
+    with pytest.raises(ConsistencyError) as info:
+        check_consistency(world, m, CFG)
+    msg = str(info.value)
+    # on a 2-rank tie rank 0 is the reference; with more ranks the majority is
+    assert f"the model on rank {odd} differs from rank 0's" in msg
+    assert "'0.weight (5, 3) torch.float32' where the reference has '0.weight (4, 3) torch.float32'" in msg
+    assert "config" not in msg.split("(every")[0]
+    # the verdict is identical on every rank
+    assert len(set(world.allgather(msg))) == 1
+
+
+@pytest.mark.mpi(min_size=3)
+def test_odd_config_and_software_against_the_majority(world):
+    odd = 1
+    cfg = {"train": {"batch_size": 128 if world.Get_rank() == odd else 64, "seed": 0}, "optim": {"lr": 0.1}}
+    with pytest.raises(ConsistencyError, match=rf"the config on rank {odd} differs from rank 0's: rank {odd} has "
+                                        r"'train.batch_size = 128' where the reference has 'train.batch_size = 64'"):
+        check_consistency(world, model(), cfg)
+    soft = {"torch": "2.13.0" if world.Get_rank() != odd else "2.12.0"}
+    with pytest.raises(ConsistencyError, match=rf"rank {odd} has 'version torch = 2.12.0'"):
+        check_consistency(world, model(), CFG, soft)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_rank_that_failed_earlier_meets_the_check_without_a_hang(world):
+    """Rank 1 failed before the check and calls agree(); the others are in check_consistency."""
+    with pytest.raises(UserError, match="rank 1: shard file broken"):
+        if world.Get_rank() == 1:
+            agree(world, OSError("shard file broken"))
+        else:
+            check_consistency(world, model(), CFG)
+    world.Barrier()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_stop_signal_is_agreed_at_the_same_step(world):
+    stop = StopSignal(world)
+    try:
+        sender, sent_at = world.Get_size() - 1, 3
+        seen = None
+        for i in range(20):
+            if world.Get_rank() == sender and i == sent_at:
+                os.kill(os.getpid(), signal.SIGUSR1)
+            if stop.poll():
+                seen = i
+                break
+        assert stop.name == "SIGUSR1"
+        # every rank stops at the same poll, one or two polls after the signal (pipelined agreement)
+        assert set(world.allgather(seen)) == {seen} and sent_at + 1 <= seen <= sent_at + 2
+        assert stop.local == (signal.SIGUSR1 if world.Get_rank() == sender else 0)
+    finally:
+        stop.close()
+    assert signal.getsignal(signal.SIGUSR1) is not stop._handler     # handler restored
+
+
+@pytest.mark.mpi(min_size=2)
+def test_no_signal_no_stop(world):
+    stop = StopSignal(world)
+    assert not any(stop.poll() for _ in range(10))
+    stop.close()                                                      # completes the request in flight
+
+
+def test_describe_stall_and_rank_ranges():
+    assert compress_ranks([7, 0, 1, 2, 5, 8]) == "0-2, 5, 7-8"
+    names = ["forward", "backward", "allreduce"]
+    s = 57 * SLOTS_PER_STEP
+    text = describe_stall([s + 2, s + 2, s + 1, s + 2], names, 31.2)
+    assert text == ("no progress for 31 s: rank 2 is after 'forward' of step 57; "
+                    "ranks 0-1, 3 wait after 'backward' of step 57")
+    text = describe_stall([s, s + 1, s + 1, s + 3], names, 5)
+    assert text == ("no progress for 5 s: rank 0 is at the start of step 57; ranks 1-2 are after 'forward' of "
+                    "step 57; rank 3 waits after 'allreduce' of step 57")
+    assert "all 2 ranks are at the start of step 3" in describe_stall([3 * SLOTS_PER_STEP] * 2, names, 5)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_watchdog_names_the_late_rank(world):
+    reports = []
+    wd = Watchdog(world, timeout_s=0.4, report=reports.append, poll_s=0.05)
+    late = world.Get_size() - 1
+    for step in range(2):
+        wd.step(step)
+        wd("forward", 0.0, 0.0)
+        if world.Get_rank() == late and step == 1:
+            time.sleep(1.5)                       # this rank is slow before backward; the others wait
+        wd("backward", 0.0, 0.0)
+        world.Barrier()                           # "the gradient allreduce"
+    wd.close()
+    if world.Get_rank() == 0:
+        assert reports, "no stall reported"
+        others = compress_ranks([r for r in range(world.Get_size()) if r != late])
+        assert f"rank {late} is after 'forward' of step 1" in reports[0], reports
+        assert f"{others} wait{'' if world.Get_size() > 2 else 's'} after 'backward' of step 1" in reports[0]
+        assert len(reports) <= 4                  # one report per timeout period, not per poll
+    else:
+        assert reports == []                      # only rank 0 watches
+
+
+@pytest.mark.mpi(min_size=2)
+def test_watchdog_quiet_when_steps_progress(world):
+    reports = []
+    wd = Watchdog(world, timeout_s=0.5, report=reports.append, poll_s=0.05)
+    for step in range(20):
+        wd.step(step)
+        wd("forward", 0.0, 0.0)
+        time.sleep(0.02)
+        world.Barrier()
+    wd.close()
+    assert reports == []
+
+
+@pytest.mark.mpi(min_size=2)
+def test_watchdog_window_is_freed(world):
+    before = MPI.Comm.Get_size(world)
+    for _ in range(3):                            # repeated set-up/tear-down must not leak or hang
+        Watchdog(world, timeout_s=10).close()
+    assert MPI.Comm.Get_size(world) == before
