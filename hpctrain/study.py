@@ -92,7 +92,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--batch", type=int, default=16, help="small (baseline) global batch")
     ap.add_argument("--factor", type=int, default=32, help="large batch = batch × factor")
     ap.add_argument("--lr", type=float, default=0.05, help="SGD lr at the small batch")
-    ap.add_argument("--lars-lr", type=float, default=2.0, help="LARS peak lr (unscaled)")
+    ap.add_argument("--lars-lr", type=float, default=4.0, help="LARS peak lr (unscaled)")
     ap.add_argument("--warmup-epochs", type=float, default=5.0)
     ap.add_argument("--no-polish", action="store_true", help="skip the Final Polishing pair")
     ap.add_argument("--out", default="runs/study", help="output directory")
