@@ -79,9 +79,12 @@ def case_mpi4py(comm, src):
 
 def case_strategy(name, codec, topo, src):
     param = torch.nn.Parameter(torch.zeros(src.numel()))
+    param.grad = src
     sync = comm_lib.create(name, [param], topo, bucket_bytes=src.numel() * 4, compression=codec)
     bucket = sync.buckets[0]
-    return (lambda: run(sync.reduce_bucket(bucket)), lambda: bucket.flat.copy_(src)), sync
+    # The refill is the strategy's own gather (a copy, or a copy that pre-divides).
+    return (lambda: run(sync.reduce_bucket(bucket)),
+            lambda: bucket.gather_grads(sync.gather_scale)), sync
 
 
 def init_gloo(comm):

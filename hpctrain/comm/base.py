@@ -47,14 +47,17 @@ class Bucket:
     def n_elems(self) -> int:
         return self.flat.numel()
 
-    def gather_grads(self) -> None:
-        """Copy each parameter's gradient into the flat buffer (zeros where a grad is missing)."""
+    def gather_grads(self, scale: float = 1.0) -> None:
+        """Copy each parameter's gradient, times ``scale``, into the flat buffer (zeros where a
+        grad is missing). Scaling here is free: a multiply costs what the copy costs."""
         for p, off in zip(self.params, self.offsets):
             dst = self.flat[off:off + p.numel()]
             if p.grad is None:
                 dst.zero_()
-            else:
+            elif scale == 1.0:
                 dst.copy_(p.grad.reshape(-1))
+            else:
+                torch.mul(p.grad.reshape(-1), scale, out=dst)
 
     def scatter_grads(self) -> None:
         """Copy the reduced buffer back into each parameter's gradient."""
@@ -110,6 +113,7 @@ class GradSync:
     """
 
     name = "base"
+    prescale = False    # True: buckets hold grad / world_size (gathered so), not grad
 
     def __init__(self, params, topology: Topology, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  compression: str = "none", overlap: bool = False):
@@ -119,6 +123,7 @@ class GradSync:
         for p in self.params:
             self.codec.check_dtype(p.dtype)
         self.scale = 1.0 / self.comm.Get_size()
+        self.gather_scale = self.scale if self.prescale else 1.0
         self._prepare(bucket_sizes(self.params, bucket_bytes))
         self.buckets = make_buckets(self.params, bucket_bytes, alloc=self._alloc)
         self._setup()
@@ -163,7 +168,7 @@ class GradSync:
         return sorted(self._pending)
 
     def _start(self, bucket: Bucket) -> None:
-        bucket.gather_grads()
+        bucket.gather_grads(self.gather_scale)
         self._pending[bucket.index] = Pending(self.reduce_bucket(bucket))
 
     def _on_grad_ready(self, p) -> None:

@@ -45,7 +45,8 @@ class NoCompression:
         dst.add_(recv)
 
     def own(self, src, wire, scale: float) -> bool:
-        src.mul_(scale)
+        if scale != 1.0:
+            src.mul_(scale)
         return nonfinite(src)
 
     def finish(self, wire, dst, scale: float) -> None:

@@ -53,6 +53,10 @@ def sum_into(srcs, out: torch.Tensor, scale: float = 1.0, chunk: int = CHUNK_ELE
 
 class HierarchicalSync(GradSync):
     name = "hierarchical"
+    # Gradients enter the window already divided by the world size (free: the gather copy
+    # multiplies), so the node level is pure adds - one pass over a slice on two local ranks -
+    # and the inter-node ring needs no scaling either; fp16 is pre-divided by the same token.
+    prescale = True
 
     def _prepare(self, sizes) -> None:
         t = self.topo
@@ -107,12 +111,10 @@ class HierarchicalSync(GradSync):
         sl = self._slice[i]
         if sl is not None:
             out = bucket.result[sl]
+            sum_into([seg[sl] for seg in self._segs[i]], out)
             if t.n_nodes > 1:
-                sum_into([seg[sl] for seg in self._segs[i]], out)
-                found = yield from ring_allreduce(self._rings[i], self._inter[i], self.codec,
-                                                  self.scale)
+                found = yield from ring_allreduce(self._rings[i], self._inter[i], self.codec, 1.0)
             else:
-                sum_into([seg[sl] for seg in self._segs[i]], out, self.scale)
                 found = nonfinite(out)
             self._flags[i][t.local_rank] = int(found)
         # (2) every slice of R and its flag are final; nobody reads a segment after this point,

@@ -32,14 +32,18 @@ def chunk_bounds(n_elems: int, n_parts: int) -> list[int]:
 
 
 def nonfinite(t: torch.Tensor) -> bool:
-    """Does ``t`` hold inf or NaN? Small tensors: NumPy ``isfinite`` (2 us for 1 K elements where
-    a torch reduction costs 15 us of dispatch). Large: one ``aminmax`` pass, which sees both
-    infinities and propagates NaN (far cheaper than ``isfinite(t).all()``, which materialises a
-    bool tensor)."""
+    """Does ``t`` hold inf or NaN?
+
+    Small tensors: NumPy ``isfinite`` (2 us for 1 K elements where a torch reduction costs 15 us
+    of dispatch). Large: one vectorised fp32 ``sum`` pass - inf and NaN propagate through it -
+    measured ~1.7x cheaper than ``aminmax`` and far cheaper than ``isfinite(t).all()`` (which
+    materialises a bool tensor). A finite tensor could only be misreported if its sum exceeded
+    3.4e38 (mean |value| above 4e31 for 8 M elements): a skipped step at worst, never a missed inf.
+    """
     if t.numel() <= SMALL_ELEMS:
         return not bool(np.isfinite(t.detach().numpy()).all())
-    lo, hi = torch.aminmax(t)
-    return not bool(torch.isfinite(lo) & torch.isfinite(hi))
+    total = t.sum(dtype=torch.float32) if t.dtype == torch.float16 else t.sum()
+    return not bool(torch.isfinite(total))
 
 
 def _msg(t: torch.Tensor):
