@@ -113,7 +113,9 @@ class GradSync:
     """
 
     name = "base"
-    prescale = False    # True: buckets hold grad / world_size (gathered so), not grad
+    # Buckets hold grad / world_size: the gather copy multiplies for free, so no strategy needs
+    # a scaling pass, and fp16 is pre-divided (no overflow) before anything is rounded.
+    prescale = True
 
     def __init__(self, params, topology: Topology, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  compression: str = "none", overlap: bool = False):

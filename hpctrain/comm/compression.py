@@ -3,7 +3,7 @@
 Horovod's ``compression.py`` gives each compressor ``compress(t) -> (t', ctx)`` and
 ``decompress(t', ctx)``; that suffices when the MPI library does the summing. MPI has no FP16
 sum (Open MPI raises, MPICH aborts; a Python ``MPI.Op`` costs 190-370 ms per 26 M elements,
-DESIGN.md), so our ring (:mod:`hpctrain.comm.ring`) sums itself and needs three hooks instead:
+DESIGN.md), so our ring (:mod:`hpctrain.comm.ring`) sums itself and needs four hooks instead:
 
 * ``encode(src, wire, scale)``  a partial sum held in fp32 ``src`` -> what travels (``wire``)
 * ``add(recv, dst, scale)``     ``dst += `` the partial sum a neighbour sent (accumulated in fp32)
@@ -12,12 +12,14 @@ DESIGN.md), so our ring (:mod:`hpctrain.comm.ring`) sums itself and needs three 
 * ``finish(wire, dst, scale)``  ``dst <- scale * total`` from the fully gathered wire buffer
 
 Strategies never branch on dtype: they hand buffers to the codec. Buckets of at most
-``ring.SMALL_BYTES`` are latency-bound and travel uncompressed (see :mod:`hpctrain.comm.ring`). ``scale`` is ``1 / world``:
-``none`` applies it after summing, to the one chunk each rank completes (exactly what
-``Allreduce`` then divide gives, for 1/n of the passes); ``fp16``
-applies it *before* rounding to fp16 (pre-division, Horovod's ``gradient_predivide_factor``,
-torch's ``fp16_compress_hook``) so that the sum of ``world`` gradients of magnitude up to 65504
-cannot overflow.
+``ring.SMALL_BYTES`` are latency-bound and travel uncompressed (see :mod:`hpctrain.comm.ring`).
+
+Pre-division: ``GradSync`` gathers ``grad / world_size`` into its buckets (the gather copy
+multiplies for free), so the strategies call the codecs with ``scale = 1`` and every fp16 value
+on the wire is already pre-divided (Horovod's ``gradient_predivide_factor``, torch's
+``fp16_compress_hook``): the sum of ``world`` gradients of magnitude up to 65504 cannot overflow.
+For callers with undivided buffers the codecs take ``scale = 1 / world``: ``none`` applies it
+after summing, to the one chunk each rank completes; ``fp16`` before rounding to fp16.
 """
 from __future__ import annotations
 

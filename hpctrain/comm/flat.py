@@ -18,8 +18,9 @@ class FlatSync(GradSync):
         self._rings = [RingBuffers(b.flat, n, self.codec) for b in self.buckets]
 
     def reduce_bucket(self, bucket: Bucket):
+        scale = 1.0 if self.prescale else self.scale    # buckets are usually pre-divided
         return (yield from ring_allreduce(self._rings[bucket.index], self._comms[bucket.index],
-                                          self.codec, self.scale))
+                                          self.codec, scale))
 
     def handles(self) -> list:
         return list(self._comms)

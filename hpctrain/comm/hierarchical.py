@@ -11,6 +11,9 @@ does the node level with MPI messages. Here the node level sends no message at a
    window level is always full precision).
 3. After a second barrier every local rank reads the whole mean from R, in place.
 
+Gradients enter the window already divided by the world size (``GradSync.prescale``), so the
+node level is pure adds (one pass over a slice on two local ranks) and nothing scales later.
+
 On uneven nodes (say 3 ranks, 2 per node) only the first ``min(node_sizes)`` local ranks own a
 slice, so every slice has a partner on every node; the others only take part in the barriers.
 On one node the window level is the whole reduction and the codec is unused (nothing travels).
@@ -53,10 +56,6 @@ def sum_into(srcs, out: torch.Tensor, scale: float = 1.0, chunk: int = CHUNK_ELE
 
 class HierarchicalSync(GradSync):
     name = "hierarchical"
-    # Gradients enter the window already divided by the world size (free: the gather copy
-    # multiplies), so the node level is pure adds - one pass over a slice on two local ranks -
-    # and the inter-node ring needs no scaling either; fp16 is pre-divided by the same token.
-    prescale = True
 
     def _prepare(self, sizes) -> None:
         t = self.topo
@@ -111,10 +110,12 @@ class HierarchicalSync(GradSync):
         sl = self._slice[i]
         if sl is not None:
             out = bucket.result[sl]
-            sum_into([seg[sl] for seg in self._segs[i]], out)
+            post = 1.0 if self.prescale else self.scale
             if t.n_nodes > 1:
-                found = yield from ring_allreduce(self._rings[i], self._inter[i], self.codec, 1.0)
+                sum_into([seg[sl] for seg in self._segs[i]], out)
+                found = yield from ring_allreduce(self._rings[i], self._inter[i], self.codec, post)
             else:
+                sum_into([seg[sl] for seg in self._segs[i]], out, post)
                 found = nonfinite(out)
             self._flags[i][t.local_rank] = int(found)
         # (2) every slice of R and its flag are final; nobody reads a segment after this point,

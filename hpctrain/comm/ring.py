@@ -74,11 +74,13 @@ def ring_allreduce(buf: RingBuffers, comm: MPI.Comm, codec, scale: float):
     if acc.numel() == 0:
         return False
     if n == 1:                      # nothing to send: no rounding through the wire either
-        acc.mul_(scale)
+        if scale != 1.0:
+            acc.mul_(scale)
         return nonfinite(acc)
     if acc.numel() * acc.element_size() <= SMALL_BYTES:
         yield [comm.Iallreduce(MPI.IN_PLACE, acc.detach().numpy(), op=MPI.SUM)]
-        acc.mul_(scale)
+        if scale != 1.0:
+            acc.mul_(scale)
         return nonfinite(acc)       # every rank holds MPI's identical result
     bounds, right, left = buf.bounds, (r + 1) % n, (r - 1) % n
 
