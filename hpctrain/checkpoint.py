@@ -225,11 +225,16 @@ class Checkpointer:
         return bool(self.every_steps) and step % self.every_steps == 0 and step != self.last_step
 
     def save(self, trainer) -> str:
-        """Write a checkpoint of ``trainer`` now (skipped if this step is already saved)."""
+        """Write a checkpoint of ``trainer`` now (skipped if this step is already saved).
+
+        Completes any update still in flight first (OD-SGD's delayed global step, via
+        ``trainer.finish()``), so a checkpoint is a synchronisation point of the algorithm.
+        """
         step = trainer.step_count
         if step == self.last_step:
             return self.last_path
         with self.timer.span("checkpoint"):
+            trainer.finish()
             rngs = self.comm.gather(rng_state(), root=0)
             path, error = os.path.join(self.directory, checkpoint_name(step)), None
             if self.rank == 0:

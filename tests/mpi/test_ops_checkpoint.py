@@ -26,11 +26,11 @@ def shared_dir(world, tmp_path):
     return world.bcast(str(tmp_path), root=0)
 
 
-def make_trainer(topo, width=8, seed=0):
+def make_trainer(topo, width=8, seed=0, **kw):
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(4, width), nn.BatchNorm1d(width), nn.ReLU(), nn.Linear(width, 3))
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    return DistributedTrainer(model, opt, topo, scaler=LossScaler(init_scale=256.0, growth_interval=2))
+    return DistributedTrainer(model, opt, topo, scaler=LossScaler(init_scale=256.0, growth_interval=2), **kw)
 
 
 def batch(rank, step):
@@ -73,6 +73,30 @@ def test_save_then_resume_restores_everything(world, tmp_path):
     # and training continues identically
     a.step(*batch(rank, 5))
     b.step(*batch(rank, 5))
+    assert all(torch.equal(x, y) for x, y in zip(a.model.parameters(), b.model.parameters()))
+    for t in (a, b):
+        t.close()
+    topo.close()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_mid_run_checkpoint_of_odsgd_completes_the_update_in_flight(world, tmp_path):
+    d = shared_dir(world, tmp_path)
+    topo = Topology.create(world)
+    a = make_trainer(topo, algorithm="odsgd", algorithm_options={"warmup_steps": 1})
+    saver = ck.Checkpointer(world, d, steps_per_epoch=4, global_batch=8, config={})
+    for s in range(3):
+        a.step(*batch(world.Get_rank(), s))
+    with pytest.raises(RuntimeError, match="in flight"):
+        a.state_dict()                            # past warm-up: a global update is in flight
+    saver.save(a)
+    b = make_trainer(topo, seed=5, algorithm="odsgd", algorithm_options={"warmup_steps": 1})
+    ck.Checkpointer(world, d, steps_per_epoch=4, global_batch=8, config={}).resume(b, "auto")
+    assert all(torch.equal(x, y) for x, y in zip(a.model.parameters(), b.model.parameters()))
+    for s in range(3, 5):                         # both go on from the same synchronised point
+        a.step(*batch(world.Get_rank(), s))
+        b.step(*batch(world.Get_rank(), s))
+    a.finish(), b.finish()
     assert all(torch.equal(x, y) for x, y in zip(a.model.parameters(), b.model.parameters()))
     for t in (a, b):
         t.close()
