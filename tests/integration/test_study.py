@@ -9,7 +9,7 @@ from tests.integration.mpirun import ENV
 def test_study_smoke(tmp_path):
     import os
     r = subprocess.run([sys.executable, "-m", "hpctrain", "study", "large-batch", "--epochs", "2", "--batch", "32",
-                        "--factor", "4", "--no-polish", "--out", str(tmp_path)], capture_output=True, text=True,
+                        "--factor", "4", "--warmup-epochs", "1", "--no-polish", "--out", str(tmp_path)], capture_output=True, text=True,
                        env={**os.environ, **ENV}, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = json.load(open(tmp_path / "study.json"))
