@@ -104,7 +104,8 @@ def figures(run: Run, baseline: Run | None = None) -> dict:
            "steps": s.get("steps", run.epochs[-1]["step"] if run.epochs else 0),
            "epochs": s.get("epochs"), "test_accuracy": s.get("test_accuracy"),
            "samples_per_s": s.get("samples_per_s"), "wall_s": s.get("wall_s"), "train_s": s.get("train_s"),
-           "gpu_time_s": s.get("gpu_time_s"), "avg_single_gpu_time_per_epoch_s": s.get("avg_single_gpu_time_per_epoch_s"),
+           "gpu_time_s": s.get("gpu_time_s"),
+           "avg_single_gpu_time_per_epoch_s": s.get("avg_single_gpu_time_per_epoch_s"),
            "stopped": run.stopped}
     if out["gpu_time_s"] is not None:
         out["gpu_hours"] = out["gpu_time_s"] / 3600
@@ -132,7 +133,8 @@ def format_report(f: dict) -> str:
     lines += [f"test accuracy           {num('test_accuracy', '{:.2%}')}",
               f"throughput              {num('samples_per_s', '{:,.0f}', ' samples/s')}",
               f"wall / train time       {num('wall_s', '{:.1f}', ' s')} / {num('train_s', '{:.1f}', ' s')}",
-              f"GPU time                {num('gpu_time_s', '{:.1f}', ' s')} = {num('gpu_hours', '{:.4f}', ' GPU-hours')}",
+              f"GPU time                {num('gpu_time_s', '{:.1f}', ' s')} = "
+              f"{num('gpu_hours', '{:.4f}', ' GPU-hours')}",
               f"avg single-GPU time     {num('avg_single_gpu_time_per_epoch_s', '{:.2f}', ' s per epoch')}"
               "  (wall x ranks / epochs; lower is better)"]
     if "speedup" in f:

@@ -8,9 +8,10 @@ thread on rank 0 reads that window's local memory (no MPI calls from the thread,
 ``MPI_THREAD_MULTIPLE`` needed; the window is in MPI's unified memory model) and, when the
 values have not changed for ``timeout_s``, prints the ranks that have not reached the furthest
 rank's point, e.g. "no progress for 30 s: rank 3 is after 'forward' of step 57; ranks 0-2, 4-7
-wait after 'backward' of step 57" (that is, in the gradient allreduce). Every rank runs the same phases in the same order, so
-progress values are comparable across ranks. It reports; it does not abort (a slow file system
-can stall a healthy job).
+wait after 'backward' of step 57" (that is, in the gradient allreduce). Every rank runs the
+same phases in the same order, so progress values are comparable across ranks. It reports; it
+does not abort (a slow file system can stall a healthy job). Cost: one small one-sided
+accumulate per phase per rank (3-35 us measured here at 2-4 ranks on 2 cores).
 """
 from __future__ import annotations
 

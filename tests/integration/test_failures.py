@@ -57,7 +57,9 @@ def test_kill_9_of_one_rank_fails_the_job_promptly(tmp_path):
     try:
         deadline = time.monotonic() + 120
         metrics = tmp_path / "metrics.jsonl"
-        while not (metrics.exists() and any(json.loads(x)["event"] == "epoch" for x in metrics.read_text().splitlines())):
+        def training():
+            return metrics.exists() and any(json.loads(x)["event"] == "epoch" for x in metrics.read_text().splitlines())
+        while not training():
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-2000:]
             time.sleep(0.2)
         victims = _children(proc.pid)               # mpiexec's children are the ranks
