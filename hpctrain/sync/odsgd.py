@@ -117,7 +117,7 @@ class ODSGD:
         self.params = self.ssgd.params
         # Group *indices*: ``optimizer.load_state_dict`` replaces the group dicts.
         group_of = {id(p): i for i, g in enumerate(optimizer.param_groups) for p in g["params"]}
-        self._group_index = [group_of[id(p)] for p in self.params]
+        self._group_index = [group_of.get(id(p)) for p in self.params]   # None: not optimised
         self.steps = 0
         self._round: Round | None = None
         self._store = self._mean = self._local_buf = None    # allocated at the first OD-SGD step
@@ -212,10 +212,11 @@ class ODSGD:
             return
         groups = self.optimizer.param_groups
         for i, (p, spare, g) in enumerate(zip(self.params, self._store, grads)):
-            lr = self.local_lr or groups[self._group_index[i]]["lr"]
-            if g is None:
+            gi = self._group_index[i]
+            if g is None or gi is None:
                 spare.copy_(p)
                 continue
+            lr = self.local_lr or groups[gi]["lr"]
             if self._local_buf is not None:
                 g = self._local_buf[i].mul_(self.local_momentum).add_(g, alpha=inv_scale)
                 torch.add(p, g, alpha=-lr, out=spare)
