@@ -34,6 +34,11 @@ class ConsistencyError(ValueError):
     """Ranks disagree on model, config or software (same message on every rank; ``agree`` reports it)."""
 
 
+class AgreedError(ValueError):
+    """An error every rank already knows about (the exchange happened): :func:`agree` re-raises it
+    as a :class:`UserError` without communicating again."""
+
+
 class Stopped(UserError):
     """Training stopped early on a signal, after writing a checkpoint (not a failure of the code)."""
 
@@ -65,6 +70,8 @@ def agree(comm: MPI.Comm, error: BaseException | None) -> None:
     named (``rank R: …``). Only ``str`` entries count as errors: :func:`check_consistency` sends
     tuples through the same allgather, so a rank that failed early still meets the others.
     """
+    if isinstance(error, AgreedError):
+        raise UserError(str(error))
     msgs = comm.allgather(None if error is None else str(error))
     bad = [(r, m) for r, m in enumerate(msgs) if isinstance(m, str)]
     if not bad:
@@ -120,13 +127,14 @@ def check_consistency(comm: MPI.Comm, model, config: dict, software: dict | None
     minority against the most common fingerprint; on a tie, against rank 0) and the first
     difference; pass it to :func:`agree` like any set-up error. Two 64-byte digests per rank cross
     the network; the full signatures only on a mismatch. Shares ``agree``'s wire format: if another
-    rank already failed and is inside ``agree``, this is that ``agree`` and raises its UserError.
+    rank already failed and is inside ``agree``, this exchange was that ``agree``, and the
+    :class:`AgreedError` raised here makes the caller's own ``agree`` re-raise without a collective.
     """
     sigs = {"model": model_signature(model), "config": config_signature(config, software)}
     entries = comm.allgather(("fingerprint", _digest(sigs["model"]), _digest(sigs["config"])))
     for r, e in enumerate(entries):
-        if isinstance(e, str):          # that rank failed earlier and is inside agree()
-            raise UserError(f"rank {r}: {e}")
+        if isinstance(e, str):          # that rank failed earlier: this exchange was its agree()
+            raise AgreedError(f"rank {r}: {e}")
     problems = []
     for i, what in enumerate(("model", "config")):
         digests = [e[1 + i] for e in entries]

@@ -32,3 +32,24 @@ def test_config_differing_on_one_rank_is_refused_naming_it(tmp_path):
     assert r.returncode == 2, r.stderr[-2000:]
     assert ("the config on rank 2 differs from rank 0's: rank 2 has 'optim.lr = 0.2' "
             "where the reference has 'optim.lr = 0.1'") in r.stderr
+
+
+FAILS_ON_RANK_1 = '''
+import os
+from torch import nn
+
+def factory(num_classes, in_channels):
+    if os.environ.get("OMPI_COMM_WORLD_RANK") == "1":
+        raise ValueError("no weights on this node")
+    return nn.Sequential(nn.Flatten(), nn.Linear(in_channels * 8 * 8, num_classes))
+'''
+
+
+def test_rank_failing_before_the_check_is_reported_without_a_hang(tmp_path):
+    """Rank 1 fails building its model while rank 0 reaches the check: one line, status 2."""
+    (tmp_path / "fails_model.py").write_text(FAILS_ON_RANK_1)
+    r, secs = mpirun(2, ["-m", "hpctrain", "--run-dir", str(tmp_path / "run"), "--no-progress",
+                         "--model", "fails_model:factory"], env={"PYTHONPATH": str(tmp_path)}, timeout=120)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "hpctrain: error: rank 1: no weights on this node" in r.stderr
+    assert "Traceback" not in r.stderr and secs < 60

@@ -12,7 +12,7 @@ import torch
 from mpi4py import MPI
 from torch import nn
 
-from hpctrain.faults import ConsistencyError, StopSignal, UserError, agree, check_consistency
+from hpctrain.faults import AgreedError, ConsistencyError, StopSignal, UserError, agree, check_consistency
 from hpctrain.watchdog import SLOTS_PER_STEP, Watchdog, compress_ranks, describe_stall
 
 CFG = {"train": {"batch_size": 64, "seed": 0}, "optim": {"lr": 0.1}}
@@ -57,12 +57,17 @@ def test_odd_config_and_software_against_the_majority(world):
 @pytest.mark.mpi(min_size=2)
 def test_rank_that_failed_earlier_meets_the_check_without_a_hang(world):
     """Rank 1 failed before the check and calls agree(); the others are in check_consistency."""
+    error = None
     with pytest.raises(UserError, match="rank 1: shard file broken"):
-        if world.Get_rank() == 1:
-            agree(world, OSError("shard file broken"))
-        else:
+        try:                                      # what train.setup does
+            if world.Get_rank() == 1:
+                raise OSError("shard file broken")
             check_consistency(world, model(), CFG)
-    world.Barrier()
+        except (OSError, ValueError) as exc:
+            error = exc
+        agree(world, error)
+    assert isinstance(error, OSError if world.Get_rank() == 1 else AgreedError)
+    world.Barrier()                               # nobody is left inside a collective
 
 
 @pytest.mark.mpi(min_size=2)
