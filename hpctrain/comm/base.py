@@ -40,16 +40,36 @@ class Bucket:
     offsets: list           # element offset of each parameter in ``flat``
     flat: torch.Tensor      # 1-D buffer of this rank's gradients, dtype of the parameters
     index: int
-    result: torch.Tensor = None   # 1-D mean over ranks after a round; may alias ``flat``
-                                  # (flat) or shared memory (hierarchical): treat as read-only
+    out: torch.Tensor = None      # where the mean lands in full precision: ``flat`` itself
+                                  # (flat) or shared memory (hierarchical); treat as read-only
+    wire: torch.Tensor = None     # compressed strategies: gradients are packed here instead of
+    codec: object = None          # ``flat``, and the mean is left here, encoded, until read
+    encoded: bool = False         # the current mean lives only in ``wire``
 
     @property
     def n_elems(self) -> int:
         return self.flat.numel()
 
+    @property
+    def result(self) -> torch.Tensor:
+        """The mean over ranks after a round (decoded from the wire on first read)."""
+        if self.encoded:
+            self.codec.unpack(self.wire, [self.out])
+            self.encoded = False
+        return self.out
+
     def gather_grads(self, scale: float = 1.0) -> None:
-        """Copy each parameter's gradient, times ``scale``, into the flat buffer (zeros where a
-        grad is missing). Scaling here is free: a multiply costs what the copy costs."""
+        """This rank's gradients times ``scale`` into the bucket (zeros where a grad is missing).
+
+        Scaling is free here (a multiply costs what the copy costs); a compressed bucket packs
+        straight from the gradients into its wire buffer, replacing the copy.
+        """
+        if self.wire is not None:
+            self.encoded = False
+            grads = [p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel())
+                     for p in self.params]
+            self.codec.pack(grads, self.wire, scale)
+            return
         for p, off in zip(self.params, self.offsets):
             dst = self.flat[off:off + p.numel()]
             if p.grad is None:
@@ -60,9 +80,18 @@ class Bucket:
                 torch.mul(p.grad.reshape(-1), scale, out=dst)
 
     def scatter_grads(self) -> None:
-        """Copy the reduced buffer back into each parameter's gradient."""
+        """Write the mean into each parameter's gradient (decoding straight into them if the
+        mean is still encoded: one pass, like the copy it replaces)."""
+        if self.encoded:
+            for p in self.params:
+                if p.grad is None:
+                    p.grad = torch.empty_like(p)
+            if all(p.grad.is_contiguous() for p in self.params):
+                self.codec.unpack(self.wire, [p.grad for p in self.params])
+                return
+        src_all = self.result
         for p, off in zip(self.params, self.offsets):
-            src = self.result[off:off + p.numel()].view_as(p)
+            src = src_all[off:off + p.numel()].view_as(p)
             if p.grad is None:
                 p.grad = src.clone()
             else:
@@ -92,7 +121,7 @@ def make_buckets(params, bucket_bytes: int, alloc=None) -> list[Bucket]:
     for i, group in enumerate(buckets):
         offsets = np.cumsum([0] + [p.numel() for p in group[:-1]]).tolist()
         flat = alloc(sum(p.numel() for p in group), group[0].dtype, i)
-        out.append(Bucket(params=group, offsets=offsets, flat=flat, index=i, result=flat))
+        out.append(Bucket(params=group, offsets=offsets, flat=flat, index=i, out=flat))
     return out
 
 
@@ -113,9 +142,6 @@ class GradSync:
     """
 
     name = "base"
-    # Buckets hold grad / world_size: the gather copy multiplies for free, so no strategy needs
-    # a scaling pass, and fp16 is pre-divided (no overflow) before anything is rounded.
-    prescale = True
 
     def __init__(self, params, topology: Topology, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  compression: str = "none", overlap: bool = False):
@@ -124,8 +150,9 @@ class GradSync:
         self.codec = compression_lib.get(compression)
         for p in self.params:
             self.codec.check_dtype(p.dtype)
-        self.scale = 1.0 / self.comm.Get_size()
-        self.gather_scale = self.scale if self.prescale else 1.0
+        # Buckets hold grad / world_size: the gather copy multiplies for free, so no strategy
+        # needs a scaling pass, and fp16 is pre-divided (no overflow) before anything is rounded.
+        self.gather_scale = 1.0 / self.comm.Get_size()
         self._prepare(bucket_sizes(self.params, bucket_bytes))
         self.buckets = make_buckets(self.params, bucket_bytes, alloc=self._alloc)
         self._setup()
@@ -141,7 +168,8 @@ class GradSync:
 
     # --- what a strategy provides -------------------------------------------------------------
     def reduce_bucket(self, bucket: Bucket):
-        """Generator: ``bucket.result <- mean over ranks of bucket.flat``; returns found_inf.
+        """Generator: ``bucket.result <- sum over ranks`` of the gathered (pre-divided, so the
+        sum is the mean) buffer; returns found_inf, the same on every rank.
 
         Yields lists of MPI requests it waits on; must not touch ``p.grad``.
         """

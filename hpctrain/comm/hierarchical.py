@@ -11,7 +11,7 @@ does the node level with MPI messages. Here the node level sends no message at a
    window level is always full precision).
 3. After a second barrier every local rank reads the whole mean from R, in place.
 
-Gradients enter the window already divided by the world size (``GradSync.prescale``), so the
+Gradients enter the window already divided by the world size (``GradSync.gather_scale``), so the
 node level is pure adds (one pass over a slice on two local ranks) and nothing scales later.
 
 On uneven nodes (say 3 ranks, 2 per node) only the first ``min(node_sizes)`` local ranks own a
@@ -31,7 +31,8 @@ import torch
 from mpi4py import MPI
 
 from hpctrain.comm.base import Bucket, GradSync
-from hpctrain.comm.ring import RingBuffers, chunk_bounds, nonfinite, ring_allreduce
+from hpctrain.comm.compression import NoCompression
+from hpctrain.comm.ring import SMALL_BYTES, RingBuffers, chunk_bounds, nonfinite, ring_allreduce
 from hpctrain.comm.window import SharedWindow, aligned, layout
 
 CHUNK_ELEMS = 1 << 18
@@ -79,21 +80,25 @@ class HierarchicalSync(GradSync):
         t, w = self.topo, self._win
         self._intra = [t.intra.Dup() for _ in self.buckets]
         self._inter = [t.inter.Dup() for _ in self.buckets] if t.n_nodes > 1 else []
-        self._segs, self._slice, self._rings, self._flags = [], [], [], []
+        self._segs, self._slice, self._rings, self._codecs, self._flags = [], [], [], [], []
         for b in self.buckets:
             off = self._offsets[b.index]
-            b.result = w.root_view(off, b.n_elems, b.flat.dtype)
+            b.out = w.root_view(off, b.n_elems, b.flat.dtype)
             self._segs.append([w.view(r, off, b.n_elems, b.flat.dtype) for r in range(t.local_size)])
             self._flags.append(w.root_view(self._flag_offset + b.index * t.local_size,
                                            t.local_size, torch.uint8))
-            sl, ring = None, None
+            sl, ring, codec = None, None, None
             if t.local_rank < self._n_slices:
                 lo, hi = chunk_bounds(b.n_elems, self._n_slices)[t.local_rank:t.local_rank + 2]
                 sl = slice(lo, hi)
-                if t.n_nodes > 1:
-                    ring = RingBuffers(b.result[sl], t.n_nodes, self.codec)
+                if t.n_nodes > 1:   # slice bounds are the same on every node: so is this choice
+                    big = (hi - lo) * b.flat.element_size() > SMALL_BYTES
+                    codec = self.codec if self.codec.compresses and big else NoCompression()
+                    wire = codec.wire_buffer(hi - lo) if codec.compresses else b.out[sl]
+                    ring = RingBuffers(wire, t.n_nodes, codec)
             self._slice.append(sl)
             self._rings.append(ring)
+            self._codecs.append(codec)
 
     def _barrier(self, intra: MPI.Comm):
         """Hand-over point: stores before it are visible to every local rank after it."""
@@ -109,14 +114,17 @@ class HierarchicalSync(GradSync):
         yield from self._barrier(self._intra[i])
         sl = self._slice[i]
         if sl is not None:
-            out = bucket.result[sl]
-            post = 1.0 if self.prescale else self.scale
-            if t.n_nodes > 1:
-                sum_into([seg[sl] for seg in self._segs[i]], out)
-                found = yield from ring_allreduce(self._rings[i], self._inter[i], self.codec, post)
-            else:
-                sum_into([seg[sl] for seg in self._segs[i]], out, post)
+            out = bucket.out[sl]
+            sum_into([seg[sl] for seg in self._segs[i]], out)
+            ring, codec = self._rings[i], self._codecs[i]
+            if ring is None:
                 found = nonfinite(out)
+            else:                   # (2) across nodes; fp16 only here, the window stays fp32
+                if codec.compresses:
+                    codec.pack([out], ring.wire)
+                found = yield from ring_allreduce(ring, self._inter[i], codec)
+                if codec.compresses:
+                    codec.unpack(ring.wire, [out])
             self._flags[i][t.local_rank] = int(found)
         # (2) every slice of R and its flag are final; nobody reads a segment after this point,
         # so a rank may overwrite its own segment (next round's gather) once it is through.
@@ -130,7 +138,7 @@ class HierarchicalSync(GradSync):
 
     def _free(self) -> None:
         for b in self.buckets:   # drop views of the window before unmapping it
-            b.flat = b.result = torch.empty(0, dtype=b.flat.dtype)
+            b.flat = b.out = torch.empty(0, dtype=b.flat.dtype)
         self._segs, self._rings, self._flags = [], [], []
         self._win.free()
         for c in self._intra + self._inter:

@@ -11,9 +11,9 @@ Why our own ring rather than MPI's ``Allreduce``:
   libnbc) measured about 2x slower than ``Allreduce`` at 64 MiB on 2 ranks here.
 * Every rank ends with the same bytes (each chunk is summed once, by one rank, then copied), so
   the overflow flag taken from the reduced values agrees everywhere.
-Below ``SMALL_BYTES`` a bucket travels in full precision by ``Iallreduce`` whatever the codec:
-there the 2(n-1) message latencies of the ring (and the ~25 us per conversion call) cost more
-than any bandwidth saved (measured: 4 KiB fp16 ring ~0.45 ms against ~0.05 ms).
+Below ``SMALL_BYTES`` a full-precision buffer goes by ``Iallreduce``: there the 2(n-1) message
+latencies of the ring cost more than the bandwidth saved. Strategies keep such buckets
+uncompressed (4 KiB through the fp16 ring measured ~0.45 ms against ~0.05 ms).
 """
 from __future__ import annotations
 
@@ -52,62 +52,56 @@ def _msg(t: torch.Tensor):
 
 
 class RingBuffers:
-    """What one ring needs, allocated once: the fp32 accumulator, its wire buffer, a receive area."""
+    """What one ring needs, allocated once: the buffer that travels, a receive area, and the
+    codec's scratch for widening a chunk (fp16: fp32 accumulation)."""
 
-    __slots__ = ("acc", "wire", "recv", "bounds", "n_ranks")
+    __slots__ = ("wire", "recv", "scratch", "bounds")
 
-    def __init__(self, acc: torch.Tensor, n_ranks: int, codec):
-        self.acc, self.n_ranks = acc, n_ranks
-        self.bounds = chunk_bounds(acc.numel(), n_ranks)
-        self.wire = codec.wire_buffer(acc)
+    def __init__(self, wire: torch.Tensor, n_ranks: int, codec):
+        self.wire = wire
+        self.bounds = chunk_bounds(wire.numel(), n_ranks)
         largest = max((b - a for a, b in zip(self.bounds, self.bounds[1:])), default=0)
-        self.recv = torch.empty(largest if n_ranks > 1 else 0, dtype=self.wire.dtype)
+        largest = largest if n_ranks > 1 else 0
+        self.recv = torch.empty(largest, dtype=wire.dtype)
+        self.scratch = codec.scratch(largest)
 
 
-def ring_allreduce(buf: RingBuffers, comm: MPI.Comm, codec, scale: float):
-    """Generator: ``buf.acc <- scale * sum over comm``; returns the overflow flag (same everywhere).
+def ring_allreduce(buf: RingBuffers, comm: MPI.Comm, codec):
+    """Generator: ``buf.wire <- sum over comm of buf.wire``, in the codec's wire format; returns
+    the overflow flag (inf/NaN in the sum), the same on every rank.
 
     ``comm`` should carry no other traffic while this runs (each bucket gets its own ``Dup``),
     so messages of concurrently running rings cannot match each other.
     """
-    acc, wire, n, r = buf.acc, buf.wire, comm.Get_size(), comm.Get_rank()
-    if acc.numel() == 0:
+    wire, n, r = buf.wire, comm.Get_size(), comm.Get_rank()
+    if wire.numel() == 0:
         return False
-    if n == 1:                      # nothing to send: no rounding through the wire either
-        if scale != 1.0:
-            acc.mul_(scale)
-        return nonfinite(acc)
-    if acc.numel() * acc.element_size() <= SMALL_BYTES:
-        yield [comm.Iallreduce(MPI.IN_PLACE, acc.detach().numpy(), op=MPI.SUM)]
-        if scale != 1.0:
-            acc.mul_(scale)
-        return nonfinite(acc)       # every rank holds MPI's identical result
+    if n == 1:
+        return nonfinite(wire)
+    if codec.mpi_summable and wire.numel() * wire.element_size() <= SMALL_BYTES:
+        yield [comm.Iallreduce(MPI.IN_PLACE, wire.detach().numpy(), op=MPI.SUM)]
+        return nonfinite(wire)      # every rank holds MPI's identical result
     bounds, right, left = buf.bounds, (r + 1) % n, (r - 1) % n
 
     def part(i):
         i %= n
         return slice(bounds[i], bounds[i + 1])
 
-    # Reduce-scatter: at step s send chunk r-s, receive chunk r-s-1 and add my own share to it.
-    codec.encode(acc[part(r)], wire[part(r)], scale)
+    # Reduce-scatter: at step s send chunk r-s, receive chunk r-s-1 and add my share to it.
+    # At the last step the chunk (r+1) is complete here: the codec says whether it holds
+    # inf/NaN, and that flag, OR-ed over ranks, travels with the allgather.
+    found = False
     for s in range(n - 1):
         send, recv = part(r - s), part(r - s - 1)
         tmp = buf.recv[:recv.stop - recv.start]
         yield [comm.Isend(_msg(wire[send]), right, TAG_SCATTER),
                comm.Irecv(_msg(tmp), left, TAG_SCATTER)]
-        codec.add(tmp, acc[recv], scale)
-        if s < n - 2:
-            codec.encode(acc[recv], wire[recv], scale)
-    # Chunk r+1 is now complete here: the codec finalises it (scales or encodes it once, so all
-    # ranks get these very bytes) and says whether it holds inf/NaN; OR-ed over ranks, the flag
-    # travels with the allgather.
-    mine = part(r + 1)
-    flag = np.array([codec.own(acc[mine], wire[mine], scale)], dtype=np.uint8)
+        found = codec.reduce(wire[recv], tmp, buf.scratch, check=s == n - 2)
+    flag = np.array([found], dtype=np.uint8)
     reqs = [comm.Iallreduce(MPI.IN_PLACE, flag, op=MPI.MAX)]
     for s in range(n - 1):
         send, recv = part(r - s + 1), part(r - s)
         yield reqs + [comm.Isend(_msg(wire[send]), right, TAG_GATHER),
                       comm.Irecv(_msg(wire[recv]), left, TAG_GATHER)]
         reqs = []
-    codec.finish(wire, acc, scale)
     return bool(flag[0])

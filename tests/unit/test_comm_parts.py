@@ -47,33 +47,33 @@ def test_nonfinite_sees_inf_nan_and_nothing_else():
         assert nonfinite(u) and nonfinite(u.half())
 
 
-def test_fp16_codec_prescales_accumulates_in_fp32_and_rounds_like_numpy():
+def test_fp16_codec_packs_like_numpy_and_adds_in_fp32():
     c, scale = FP16Compression(), 0.25
     x = torch.tensor([1.0, -3.0, 60000.0, 1e-3], dtype=torch.float32)
-    wire = c.wire_buffer(x)
-    c.encode(x, wire, scale)
-    np.testing.assert_array_equal(wire.numpy(), (x.numpy() * scale).astype(np.float16))
-    acc = x.clone()
-    c.add(wire, acc, scale)                    # acc += unscaled neighbour partial sum
-    np.testing.assert_allclose(acc.numpy(), x.numpy() + wire.numpy().astype(np.float32) / scale,
-                               rtol=1e-7)
-    assert c.own(x, wire, scale) is False and c.own(x * 10, wire, scale) is True   # 600000/4
-    c.encode(x, wire, scale)
-    out = torch.empty(4)
-    c.finish(wire, out, scale)
-    np.testing.assert_array_equal(out.numpy(), wire.numpy().astype(np.float32))
+    y = torch.tensor([2.5, 7.0], dtype=torch.float32)
+    wire = c.wire_buffer(6)
+    c.pack([x, y], wire, scale)                # several gradients into one wire buffer
+    want = (np.concatenate([x.numpy(), y.numpy()]) * scale).astype(np.float16)
+    np.testing.assert_array_equal(wire.numpy(), want)
+    recv = torch.from_numpy(np.array([1e-4, 2, 3, 4, 5, 60000], np.float16))
+    dst = wire.clone()
+    assert c.reduce(dst, recv, c.scratch(6), check=True) is False
+    np.testing.assert_array_equal(   # one rounding of the fp32 sum, not an fp16 add
+        dst.numpy(), (want.astype(np.float32) + recv.numpy().astype(np.float32)).astype(np.float16))
+    big = torch.full((6,), 40000.0, dtype=torch.float16)
+    assert c.reduce(big, big.clone(), c.scratch(6), check=True) is True   # 80000 > 65504
+    out = [torch.empty(4), torch.empty(2)]
+    c.unpack(wire, out)
+    np.testing.assert_array_equal(torch.cat(out).numpy(), want.astype(np.float32))
     with pytest.raises(ValueError, match="float32"):
         c.check_dtype(torch.float64)
 
 
-def test_none_codec_is_in_place_and_post_scales():
+def test_none_codec_adds_in_place_and_checks_only_when_asked():
     c, x = NoCompression(), torch.tensor([2.0, 4.0])
-    assert c.wire_buffer(x) is x
-    c.add(torch.tensor([1.0, 1.0]), x, 0.5)
-    assert c.own(x, x, 0.5) is False
-    c.finish(x, x, 0.5)
-    assert x.tolist() == [1.5, 2.5]
-    assert c.own(torch.tensor([1.0, float("inf")]), None, 0.5) is True
+    assert c.reduce(x, torch.tensor([1.0, float("inf")]), None, check=False) is False
+    assert x[0] == 3.0
+    assert c.reduce(x, torch.tensor([1.0, 1.0]), None, check=True) is True
 
 
 def test_unknown_names_are_one_line_errors():
