@@ -31,7 +31,18 @@ def init(comm: MPI.Comm | None = None, ranks_per_node: int = 0, threads: int | N
         install_abort_hook(comm)
     if threads:
         torch.set_num_threads(threads)
-    return Topology.create(comm, ranks_per_node)
+    topo = Topology.create(comm, ranks_per_node)
+    bind_device(topo)
+    return topo
+
+
+def bind_device(topo: Topology) -> torch.device:
+    """One GPU per rank by node-local rank (after jobs/common/bind.sh only one is visible)."""
+    if torch.cuda.is_available():
+        index = topo.local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    return torch.device("cpu")
 
 
 def broadcast_parameters(model: torch.nn.Module, comm: MPI.Comm, root: int = 0) -> None:

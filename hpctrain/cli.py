@@ -24,6 +24,7 @@ FLAGS = {
     "--lr": "optim.lr", "--optimizer": "optim.name", "--seed": "train.seed", "--max-steps": "train.max_steps",
     "--model": "model.name", "--data": "data.dataset", "--strategy": "comm.strategy",
     "--compression": "comm.compression", "--ranks-per-node": "comm.ranks_per_node",
+    "--resume": "ckpt.resume",
 }
 
 
@@ -70,7 +71,7 @@ def train_main(argv: list[str]) -> int:
     from mpi4py import MPI
 
     from hpctrain.config import ConfigError, validate
-    from hpctrain.faults import UserError, install_abort_hook
+    from hpctrain.faults import Stopped, UserError, install_abort_hook
     comm = MPI.COMM_WORLD
     install_abort_hook(comm)
     try:
@@ -78,6 +79,10 @@ def train_main(argv: list[str]) -> int:
         validate(cfg, comm.Get_size())
         from hpctrain.train import run
         summary = run(cfg, comm)
+    except Stopped as exc:          # SIGTERM/SIGUSR1: checkpoint written, resumable
+        if comm.Get_rank() == 0:
+            print(f"hpctrain: {exc}", file=sys.stderr)
+        return 3
     except (ConfigError, UserError) as exc:
         if comm.Get_rank() == 0:
             print(f"hpctrain: error: {exc}", file=sys.stderr)

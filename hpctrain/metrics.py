@@ -11,13 +11,13 @@ import time
 
 
 class MetricsLog:
-    def __init__(self, run_dir: str, enabled: bool):
+    def __init__(self, run_dir: str, enabled: bool, append: bool = False):
         self.enabled = enabled
         self.path = os.path.join(run_dir, "metrics.jsonl")
         self._fh = None
         if enabled:
             os.makedirs(run_dir, exist_ok=True)
-            self._fh = open(self.path, "w")
+            self._fh = open(self.path, "a" if append else "w")   # a resumed run continues the log
 
     def log(self, event: str, **fields) -> dict:
         rec = {"event": event, "time": time.time(), **fields}

@@ -15,6 +15,7 @@ from mpi4py import MPI
 
 from hpctrain import comm as comm_lib
 from hpctrain import sync as sync_lib
+from hpctrain.api import bind_device
 from hpctrain.checkpoint import Checkpointer
 from hpctrain.config import Config, ConfigError
 from hpctrain.data import ShardError, ShardLoader, ShardSet, eval_batches, open_split, read_index, train_loader
@@ -48,17 +49,43 @@ class Job:
         return self.trainer.model
 
 
+USER_ERRORS = (ConfigError, ShardError, ModelError, ValueError, OSError, RuntimeError, ImportError)
+
+
 def setup(cfg: Config, comm: MPI.Comm) -> Job:
-    """Build every part of a run. Collective; a user error on any rank stops all with one line."""
+    """Build every part of a run. Collective.
+
+    Each local set-up phase is followed by :func:`agree`, so a user error on any rank stops
+    every rank with one line before the next collective; the collective parts come after.
+    """
     torch.set_num_threads(cfg.train.threads)
     topo = Topology.create(comm, cfg.comm.ranks_per_node)
-    error, job = None, None
+    bind_device(topo)
+    index = _agreed(comm, _data_index, cfg, topo)
+    loader, test_set = _agreed(comm, _open_data, cfg, topo, index)
+    model, optimizer, schedule = _agreed(comm, _model_and_optimizer, cfg, index, loader)
+    check_consistency(topo.comm, model, cfg.to_dict(), software_versions())  # names an odd rank out
+    timer = StepTimer()
+    o = cfg.optim
+    trainer = DistributedTrainer(model, optimizer, topo, strategy=cfg.comm.strategy,
+                                 compression=cfg.comm.compression, bucket_mb=cfg.comm.bucket_mb,
+                                 overlap=cfg.comm.overlap, algorithm=cfg.sync.algorithm,
+                                 algorithm_options=sync_lib.algorithm_options(cfg.sync),
+                                 comm_delay_ms=cfg.sync.comm_delay_ms,
+                                 schedule=schedule, loss_fn=make_criterion(o.label_smoothing),
+                                 compute=cfg.precision.compute, scaler=make_scaler(cfg.precision), timer=timer)
+    return Job(cfg, topo, trainer, loader, loader.shards, test_set, timer)
+
+
+def _agreed(comm: MPI.Comm, phase, *args):
+    """Run a set-up phase; if it fails on any rank, every rank raises the same UserError."""
+    error, result = None, None
     try:
-        job = _build(cfg, topo)
-    except (ConfigError, ShardError, ModelError, ValueError, OSError, RuntimeError, ImportError) as exc:
+        result = phase(*args)
+    except USER_ERRORS as exc:
         error = exc
     agree(comm, error)
-    return job
+    return result
 
 
 def make_scaler(p) -> LossScaler | None:
@@ -86,25 +113,33 @@ def check_model_output(model: torch.nn.Module, sample: torch.Tensor, num_classes
                          f"{num_classes} classes (expected ({len(sample)}, {num_classes}))")
 
 
-def _build(cfg: Config, topo: Topology) -> Job:
-    data_dir = resolve_dataset(cfg.data.dataset, cfg.data.cache_dir, topo.comm)
-    index = read_index(data_dir)
+def _data_index(cfg: Config, topo: Topology):
+    return read_index(resolve_dataset(cfg.data.dataset, cfg.data.cache_dir, topo.comm))
+
+
+def _open_data(cfg: Config, topo: Topology, index):
     d = cfg.data
     loader = train_loader(index, topo, batch_size=cfg.train.batch_size // topo.size, seed=cfg.train.seed,
                           block_size=d.block_size, shuffle_window=d.shuffle_window, prefetch=d.prefetch,
                           drop_last=d.drop_last, augment=d.augment, augment_kind=d.augment_kind,
                           augment_flip=d.augment_flip, reader=d.reader, hdf5_driver=d.hdf5_driver)
-    train_set = loader.shards
     test_set = open_split(index, "test", topo, driver=d.hdf5_driver)
     test_set.check()
     if loader.steps == 0:
         raise ConfigError(f"config train.batch_size: global batch {cfg.train.batch_size} is larger than "
-                          f"the {train_set.num_samples} training samples")
+                          f"the {loader.shards.num_samples} training samples")
+    return loader, test_set
+
+
+def _model_and_optimizer(cfg: Config, index, loader):
+    """Local only (no collectives): model, output check, optimiser, schedule."""
+    if cfg.precision.compute == "fp16" and not torch.cuda.is_available():
+        raise ConfigError("config precision.compute: fp16 compute needs a CUDA device; use bf16 on CPU")
     torch.manual_seed(cfg.train.seed)
     m = cfg.model
     model = build_model(m.name, num_classes=index.num_classes, in_channels=index.sample_shape[0],
                         batchnorm=m.batchnorm, zero_init_residual=m.zero_init_residual)
-    sample = next(iter(eval_batches(train_set, rank=0, size=1, batch_size=2)))[0]
+    sample = next(iter(eval_batches(loader.shards, rank=0, size=1, batch_size=2)))[0]
     check_model_output(model, sample, index.num_classes, m.name)
     o = cfg.optim
     optimizer = make_optimizer(model, o.name, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay,
@@ -116,21 +151,15 @@ def _build(cfg: Config, topo: Topology) -> Job:
                                 scale_lr=o.scale_lr, poly_power=o.poly_power, end_lr=o.end_lr,
                                 step_epochs=o.step_epochs, step_gamma=o.step_gamma,
                                 hold_epochs=None if o.hybrid_hold_epochs < 0 else o.hybrid_hold_epochs)
-    check_consistency(topo.comm, model, cfg.to_dict(), software_versions())  # names an odd rank out
-    timer = StepTimer()
-    trainer = DistributedTrainer(model, optimizer, topo, strategy=cfg.comm.strategy,
-                                 compression=cfg.comm.compression, bucket_mb=cfg.comm.bucket_mb,
-                                 overlap=cfg.comm.overlap, algorithm=cfg.sync.algorithm,
-                                 algorithm_options=sync_lib.algorithm_options(cfg.sync),
-                                 comm_delay_ms=cfg.sync.comm_delay_ms,
-                                 schedule=schedule, loss_fn=make_criterion(o.label_smoothing),
-                                 compute=cfg.precision.compute, scaler=make_scaler(cfg.precision), timer=timer)
-    return Job(cfg, topo, trainer, loader, train_set, test_set, timer)
+    return model, optimizer, schedule
 
 
 def evaluate(job: Job, batch_size: int = 256) -> dict:
     """Exact accuracy and mean loss over the whole test split (each rank scores its share)."""
     model, topo = job.model, job.topo
+    # BN running statistics are per rank (each saw its own batches); score with rank 0's, as
+    # DDP's broadcast_buffers does, so every rank evaluates the same model
+    comm_lib.broadcast_tensors([b for b in model.buffers() if b.numel()], topo.comm)
     model.eval()
     correct = loss_sum = count = 0.0
     with torch.no_grad():
@@ -176,7 +205,7 @@ def run(cfg: Config, comm: MPI.Comm) -> dict:
     ckpt = Checkpointer.from_config(cfg, topo.comm, loader, job.timer)
     resumed = ckpt.resume(trainer, cfg.ckpt.resume)      # None, or where to continue
     start_step = trainer.step_count
-    log = MetricsLog(cfg.run.run_dir, enabled=is_root)
+    log = MetricsLog(cfg.run.run_dir, enabled=is_root, append=resumed is not None)
     log.log("config", config=cfg.to_dict(), world_size=topo.size, topology=topo.describe(),
             data=loader.describe(), test_data=job.test_set.describe(),
             steps_per_epoch=loader.steps, resumed_from=ckpt.last_path if resumed else None, start_step=start_step)
