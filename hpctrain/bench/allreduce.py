@@ -6,8 +6,10 @@
 For each fp32 payload size: mpi4py ``Allreduce`` in place on a NumPy buffer (the baseline),
 hpctrain ``flat`` and ``hierarchical`` with compression ``none`` and ``fp16``, and
 ``torch.distributed`` gloo (the peer). Only the collective is timed: the data is already in the
-bucket (for ``hierarchical``, in the shared window) and the mean is left where the strategy
-leaves it (read in place). Each timed iteration is preceded by an untimed refill of the input
+bucket, put there by the strategy's own gather (the copy every strategy needs, pre-dividing;
+for ``hierarchical`` into the shared window; for fp16 a pack into the half-precision buffer,
+which replaces that copy), and the mean is left where the strategy leaves it (in place; fp16
+leaves it encoded for the unpack into the gradients that replaces the copy back). Each timed iteration is preceded by an untimed refill of the input
 and a barrier; an iteration's time is the slowest rank's; the table shows the median. The
 implementations take turns iteration by iteration, so background load hits all of them alike.
 algbw = bytes / time and busbw = algbw * 2(n-1)/n (nccl-tests' definitions, PERFORMANCE.md

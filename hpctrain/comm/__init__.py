@@ -15,12 +15,15 @@ hierarchical  many ranks per node: the node level sums through an MPI-3 shared-m
 ============  ==============================================================================
 compression   when to use it
 ============  ==============================================================================
-none          exact fp32/fp64 sums; the default.
+none          full-precision sums (fp32/fp64, within 1e-6 relative of MPI's Allreduce);
+              the default.
 fp16          bandwidth-bound networks: half the bytes on the wire, pre-divided by the world
-              size, fp32 accumulation; ~1e-3 relative error. Only what crosses the wire is
-              compressed: buckets above 64 KiB, and nothing for ``hierarchical`` on one node.
-              On one host the "wire" is a memory copy and fp16 gains little (see README).
-              float32 gradients only.
+              size, fp32 accumulation of partial sums; ~(n+1)·2^-11 relative error. Gradients
+              are packed straight into the fp16 buffer and the mean unpacked straight into
+              them (replacing the copies a full-precision bucket needs). Only what crosses
+              the wire is compressed: buckets above 64 KiB, and nothing for ``hierarchical``
+              on one node. On one host the "wire" is a memory copy and fp16 gains little
+              (README). float32 gradients only.
 ============  ==============================================================================
 
 ``create(name, params, topology, *, bucket_bytes, compression="none", overlap=False)``; the

@@ -20,9 +20,9 @@ On one node the window level is the whole reduction and the codec is unused (not
 
 What is non-blocking: the whole bucket is one generator (:mod:`hpctrain.comm.progress`) whose
 barriers are ``Ibarrier`` on a per-bucket ``Dup`` of the node communicator. With overlap, the
-hook that completes a bucket copies its gradients into the window and posts barrier (1); the
+hook that completes a bucket copies its gradients into the window and posts barrier 1; the
 first poll after every local rank has done so runs the slice sum (local work, during backward)
-and posts the first ring messages; later polls advance the ring and barrier (2). Nothing spins
+and posts the first ring messages; later polls advance the ring and barrier 2. Nothing spins
 in a progress thread, which on oversubscribed cores would steal time from backward.
 """
 from __future__ import annotations
@@ -36,8 +36,8 @@ from hpctrain.comm.ring import SMALL_BYTES, RingBuffers, chunk_bounds, nonfinite
 from hpctrain.comm.window import SharedWindow, aligned, layout
 
 CHUNK_ELEMS = 1 << 18
-"""Elements summed per step (1 MiB of fp32 out, 2 MiB in): stays in L2 across the adds and the
-scaling; smaller chunks measured slower (Python dispatch per chunk), larger no faster."""
+"""Elements summed per step (1 MiB of fp32 out): with more than two local ranks the output chunk
+stays in L2 across the adds; smaller chunks measured slower (Python dispatch per chunk)."""
 
 
 def sum_into(srcs, out: torch.Tensor, scale: float = 1.0, chunk: int = CHUNK_ELEMS) -> None:
@@ -110,7 +110,7 @@ class HierarchicalSync(GradSync):
         i, t = bucket.index, self.topo
         if bucket.n_elems == 0:
             return False
-        # (1) every local rank's gradients are in its segment (gather_grads wrote them).
+        # Barrier 1: every local rank's gradients are in its segment (gather_grads wrote them).
         yield from self._barrier(self._intra[i])
         sl = self._slice[i]
         if sl is not None:
@@ -119,16 +119,16 @@ class HierarchicalSync(GradSync):
             ring, codec = self._rings[i], self._codecs[i]
             if ring is None:
                 found = nonfinite(out)
-            else:                   # (2) across nodes; fp16 only here, the window stays fp32
+            else:                   # level 2, across nodes: fp16 only here, the window stays fp32
                 if codec.compresses:
                     codec.pack([out], ring.wire)
                 found = yield from ring_allreduce(ring, self._inter[i], codec)
                 if codec.compresses:
                     codec.unpack(ring.wire, [out])
             self._flags[i][t.local_rank] = int(found)
-        # (2) every slice of R and its flag are final; nobody reads a segment after this point,
+        # Barrier 2: every slice of R and its flag are final; nobody reads a segment after this,
         # so a rank may overwrite its own segment (next round's gather) once it is through.
-        # R is rewritten only after barrier (1) of the next round, which no rank reaches before
+        # R is rewritten only after barrier 1 of the next round, which no rank reaches before
         # it has finished reading R (scatter) in this one.
         yield from self._barrier(self._intra[i])
         return bool(self._flags[i][:self._n_slices].any())
