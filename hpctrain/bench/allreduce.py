@@ -9,9 +9,10 @@ hpctrain ``flat`` and ``hierarchical`` with compression ``none`` and ``fp16``, a
 bucket, put there by the strategy's own gather (the copy every strategy needs, pre-dividing;
 for ``hierarchical`` into the shared window; for fp16 a pack into the half-precision buffer,
 which replaces that copy), and the mean is left where the strategy leaves it (in place; fp16
-leaves it encoded for the unpack into the gradients that replaces the copy back). Each timed iteration is preceded by an untimed refill of the input
-and a barrier; an iteration's time is the slowest rank's; the table shows the median. The
-implementations take turns iteration by iteration, so background load hits all of them alike.
+leaves it encoded for the unpack into the gradients that replaces the copy back). Each timed
+iteration is preceded by an untimed refill of the input and a barrier; an iteration's time is
+the slowest rank's; the table shows the median. The implementations take turns iteration by
+iteration, so background load hits all of them alike.
 algbw = bytes / time and busbw = algbw * 2(n-1)/n (nccl-tests' definitions, PERFORMANCE.md
 there), where bytes is the fp32 payload, also for fp16 (its effective bandwidth).
 """
