@@ -10,7 +10,8 @@ steady state is measured). For each injected link latency (``--comm-delay-ms``, 
 load hits both alike); each run times ``--steps`` steps after 3 untimed ones, ending with
 ``trainer.finish()``; a run's time is the slowest rank's, the table shows the median run.
 
-Columns: steps/s and its ratio to SSGD at the same delay; per-step phases in ms, averaged over
+Columns: steps/s (median run) and ``x SSGD``, the median over repeats of the ratio of each run
+to the SSGD run just before it (same background load); per-step phases in ms, averaged over
 ranks: forward, backward, ``comm`` = communication the step *waits for* (SSGD: the whole
 allreduce; OD-SGD: starting the next one plus what is left of the previous one), ``update``
 (optimiser; OD-SGD: global + local update). ``comm %`` = comm / step time; ``hidden`` = the
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import time
 
 import torch
@@ -46,6 +48,12 @@ def phase_ms(totals: dict, steps: int) -> dict:
 def hidden_share(comm_ssgd_ms: float, comm_odsgd_ms: float) -> float:
     """Share of SSGD's communication wait that OD-SGD does not wait for."""
     return 1.0 - comm_odsgd_ms / comm_ssgd_ms if comm_ssgd_ms > 0 else 0.0
+
+
+def pair_speedup(base_runs: list[float], runs: list[float]) -> float:
+    """Median over repeats of run i's steps/s over the baseline's run i (run just before it, so
+    both saw the same background load: steadier than a ratio of medians on a shared host)."""
+    return statistics.median(r / b for r, b in zip(runs, base_runs))
 
 
 def one_run(args, topo: Topology, algorithm: str, delay_ms: float, data) -> dict:
@@ -97,7 +105,7 @@ def measure(args, comm) -> list[dict]:
     base = {r["delay_ms"]: r for r in rows if r["algorithm"] == "ssgd"}
     for r in rows:
         b = base[r["delay_ms"]]
-        r["speedup"] = r["steps_per_s"] / b["steps_per_s"]
+        r["speedup"] = pair_speedup(b["runs_steps_per_s"], r["runs_steps_per_s"])
         r["comm_share"] = r["comm"] / r["step_ms"]
         r["hidden"] = hidden_share(b["comm"], r["comm"]) if r["algorithm"] == "odsgd" else None
     return rows

@@ -47,6 +47,7 @@ gradient-sized buffer for the mean; plus u^k when μ_l > 0.
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Callable
 
 import torch
@@ -180,6 +181,8 @@ class ODSGD:
         After: parameters hold W, ``_store`` holds ŵ, ``p.grad`` unchanged.
         """
         with self.timer.span("allreduce"):
+            while not poll_grad_sync(self.sync):   # a polite wait: on a shared core the ranks
+                os.sched_yield()                   # the ring waits for get to run (MPI would spin)
             found_inf = self.sync.finish(scatter=False)
         rnd, self._round = self._round, None
         local_grads = [p.grad for p in self.params]

@@ -30,3 +30,8 @@ def test_table_has_a_row_per_run_and_ratios():
 def test_bad_arguments_exit():
     with pytest.raises(SystemExit):
         bench.parse_args(["--comm-delay-ms", "-1"])
+
+
+def test_speedup_is_the_median_of_paired_runs():
+    # load drift: both algorithms slow down together in the second pair; pairs keep the ratio
+    assert bench.pair_speedup([10.0, 5.0, 10.0], [12.0, 6.0, 30.0]) == pytest.approx(1.2)
