@@ -106,6 +106,12 @@ class DelayedSync:
         self.close()
 
 
+def poll_reduction(sync) -> bool:
+    """Like :func:`poll_grad_sync`, but ignores an emulated delay (its remainder is slept in
+    ``finish``, not spun away)."""
+    return poll_grad_sync(sync.inner if isinstance(sync, DelayedSync) else sync)
+
+
 def with_comm_delay(sync, delay_ms: float):
     """``sync`` itself when ``delay_ms`` is 0, else a :class:`DelayedSync` around it."""
     return DelayedSync(sync, delay_ms) if delay_ms else sync

@@ -54,7 +54,7 @@ import torch
 
 from hpctrain.metrics import NULL_TIMER, StepTimer
 from hpctrain.optim.lars import LARS
-from hpctrain.sync.delay import poll_grad_sync
+from hpctrain.sync.delay import poll_grad_sync, poll_reduction
 from hpctrain.sync.ssgd import SSGD, StepResult, agreed_overflow, unscale_grads_
 
 
@@ -181,7 +181,7 @@ class ODSGD:
         After: parameters hold W, ``_store`` holds ŵ, ``p.grad`` unchanged.
         """
         with self.timer.span("allreduce"):
-            while not poll_grad_sync(self.sync):   # a polite wait: on a shared core the ranks
+            while not poll_reduction(self.sync):   # a polite wait: on a shared core the ranks
                 os.sched_yield()                   # the ring waits for get to run (MPI would spin)
             found_inf = self.sync.finish(scatter=False)
         rnd, self._round = self._round, None
