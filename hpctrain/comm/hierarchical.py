@@ -83,7 +83,8 @@ class HierarchicalSync(GradSync):
         self._segs, self._slice, self._rings, self._codecs, self._flags = [], [], [], [], []
         for b in self.buckets:
             off = self._offsets[b.index]
-            b.out = w.root_view(off, b.n_elems, b.flat.dtype)
+            # One rank on the node: its own segment is the node's sum, no copy into R.
+            b.out = b.flat if t.local_size == 1 else w.root_view(off, b.n_elems, b.flat.dtype)
             self._segs.append([w.view(r, off, b.n_elems, b.flat.dtype) for r in range(t.local_size)])
             self._flags.append(w.root_view(self._flag_offset + b.index * t.local_size,
                                            t.local_size, torch.uint8))
@@ -115,7 +116,8 @@ class HierarchicalSync(GradSync):
         sl = self._slice[i]
         if sl is not None:
             out = bucket.out[sl]
-            sum_into([seg[sl] for seg in self._segs[i]], out)
+            if t.local_size > 1:
+                sum_into([seg[sl] for seg in self._segs[i]], out)
             ring, codec = self._rings[i], self._codecs[i]
             if ring is None:
                 found = nonfinite(out)
