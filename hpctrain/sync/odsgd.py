@@ -187,12 +187,12 @@ class ODSGD:
             while not poll_reduction(self.sync):   # a polite wait: on a shared core the ranks
                 os.sched_yield()                   # the ring waits for get to run (MPI would spin)
             found_inf = self.sync.finish(scatter=False)
+            local_grads = [p.grad for p in self.params]
+            for p, mean in zip(self.params, self._mean):
+                p.grad = mean
+            for bucket in self.sync.buckets:         # the means out of the buckets, as SSGD's
+                bucket.scatter_grads()               # finish(scatter=True) does in its span
         rnd, self._round = self._round, None
-        local_grads = [p.grad for p in self.params]
-        for p, mean in zip(self.params, self._mean):
-            p.grad = mean
-        for bucket in self.sync.buckets:
-            bucket.scatter_grads()
         swap_data_(self.params, self._store)
         overflow = False
         if self.scaler:
