@@ -20,7 +20,7 @@ from hpctrain.checkpoint import Checkpointer
 from hpctrain.config import Config, ConfigError
 from hpctrain.data import ShardError, ShardLoader, ShardSet, eval_batches, open_split, read_index, train_loader
 from hpctrain.data.builtin import resolve_dataset
-from hpctrain.faults import StopSignal, Stopped, agree, check_consistency, maybe_inject, software_versions
+from hpctrain.faults import StopSignal, Stopped, UserError, agree, check_consistency, maybe_inject, software_versions
 from hpctrain.metrics import MetricsLog, StepTimer, gpu_time
 from hpctrain.models import ModelError, build_model
 from hpctrain.optim import make_criterion, make_optimizer
@@ -63,8 +63,14 @@ def setup(cfg: Config, comm: MPI.Comm) -> Job:
     bind_device(topo)
     index = _agreed(comm, _data_index, cfg, topo)
     loader, test_set = _agreed(comm, _open_data, cfg, topo, index)
-    model, optimizer, schedule = _agreed(comm, _model_and_optimizer, cfg, index, loader)
-    check_consistency(topo.comm, model, cfg.to_dict(), software_versions())  # names an odd rank out
+    try:
+        model, optimizer, schedule = _agreed(comm, _model_and_optimizer, cfg, index, loader)
+        # collective, same verdict on every rank: names an odd rank out
+        _agreed(comm, check_consistency, topo.comm, model, cfg.to_dict(), software_versions())
+    except UserError:
+        loader.close()        # collective (mpio files, node window): every rank is here
+        test_set.close()
+        raise
     timer = StepTimer()
     o = cfg.optim
     trainer = DistributedTrainer(model, optimizer, topo, strategy=cfg.comm.strategy,
