@@ -37,6 +37,8 @@ test-slurm: setup
 
 bench: setup
 	$(MPIEXEC) -n 2 $(PY) -m hpctrain bench allreduce
+	$(MPIEXEC) -n 2 $(PY) -m hpctrain bench sync
+	$(PY) -m hpctrain bench kernels
 
 clean:
 	rm -rf runs .pytest_cache

@@ -261,6 +261,7 @@ def run(cfg: Config, comm: MPI.Comm) -> dict:
         rec = {"epoch": epoch, "step": trainer.step_count, "train_loss": loss_total[0] / max(loss_total[1], 1),
                "lr": lr, "epoch_s": time.perf_counter() - t_epoch, "phases_s": phases}
         if cfg.train.eval_every and (epoch + 1) % cfg.train.eval_every == 0:
+            trainer.finish()      # OD-SGD: score the global weights W, not each rank's local ones
             rec.update(evaluate(job))
         log.log("epoch", **rec)
         if trainer.step_count >= total_steps or stop.agreed:
