@@ -92,13 +92,15 @@ def case_strategy(name, codec, topo, src):
 
 def init_gloo(comm):
     import torch.distributed as dist
-    port = None
+    endpoint = None
     if comm.Get_rank() == 0:
+        # on the emulated cluster rank 0's node address; on one host, loopback
+        addr = os.environ.get("HPCTRAIN_NODE_ADDR", "127.0.0.1")
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    port = comm.bcast(port, root=0)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+            s.bind((addr, 0))
+            endpoint = (addr, s.getsockname()[1])
+    addr, port = comm.bcast(endpoint, root=0)
+    dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}",
                             rank=comm.Get_rank(), world_size=comm.Get_size())
     return dist
 
