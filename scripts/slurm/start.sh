@@ -48,7 +48,7 @@ fi
 # 3. slurm.conf: one node (this host), linuxproc tracking (no cgroups in containers), root as
 #    SlurmUser, finished jobs kept 1 h so `scontrol show job` reports their exit state.
 host=$(hostname -s)
-cpus=$(nproc)
+cpus=$(getconf _NPROCESSORS_ONLN)   # not nproc: it honours OMP_NUM_THREADS, which make exports as 1
 mem_mb=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 - 1024 ))
 as_root mkdir -p "$CONF_DIR" "$STATE/ctld" "$STATE/d" "$LOG"
 conf=$(cat <<CONF
