@@ -1,5 +1,4 @@
 """N ranks with per-rank batch b == one process with the global batch N·b (the SSGD contract)."""
-import numpy as np
 import pytest
 import torch
 from mpi4py import MPI

@@ -7,7 +7,7 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from tests.unit.test_odsgd import (half_mse, hand_odsgd, linear_batches, linear_model, make_trainer,
+from tests.unit.test_odsgd import (hand_odsgd, linear_batches, linear_model, make_trainer,
                                    rank_slice, save_load, schedule, torch_odsgd)
 from hpctrain.optim.schedules import lr_at
 from hpctrain.topology import Topology
