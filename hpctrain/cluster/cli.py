@@ -12,9 +12,7 @@ import argparse
 import json
 import math
 import os
-import signal
 import sys
-from contextlib import contextmanager
 
 from hpctrain.cluster import launch, netns
 from hpctrain.cluster.compare import compare, format_comparison
@@ -104,24 +102,11 @@ def _print_status(s: dict) -> None:
               f"{n['sent_bytes'] / 1e6:>10.1f} {n['received_bytes'] / 1e6:>12.1f}")
 
 
-@contextmanager
-def _terminate_as_interrupt():
-    """SIGTERM/SIGHUP raise KeyboardInterrupt, so ``finally`` blocks (tear-down) run."""
-    def handler(signum, _frame):
-        raise KeyboardInterrupt
-    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-
-
 def _bench(args) -> int:
     spec = ClusterSpec(n_nodes=args.nodes, rate_bit_s=parse_rate_bit_s(args.link), name=args.name,
                        subnet=args.subnet)
     k = args.ranks_per_node
-    with _terminate_as_interrupt():
+    with netns.signals_raise(lambda signum: KeyboardInterrupt()):   # tear-down in finally
         state = netns.bring_up(spec)
         try:
             rows_file = state / "rows.json"

@@ -114,12 +114,16 @@ class _Interrupted(ClusterError):
     """A signal arrived while the cluster was being built (it has been removed again)."""
 
 
+def _interrupted(signum: int) -> Exception:
+    return _Interrupted(f"interrupted by signal {signum}")
+
+
 @contextmanager
-def _signals_raise():
-    """Turn SIGTERM/SIGHUP (as well as SIGINT) into an exception while the block runs, so the
-    caller's clean-up runs; restore the previous handlers afterwards."""
+def signals_raise(make_exc=_interrupted):
+    """Turn SIGTERM/SIGHUP (as well as SIGINT) into ``make_exc(signum)`` while the block runs, so
+    the caller's clean-up runs; restore the previous handlers afterwards."""
     def handler(signum, _frame):
-        raise _Interrupted(f"interrupted by signal {signum}")
+        raise make_exc(signum)
     old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
@@ -158,7 +162,7 @@ def bring_up(spec: ClusterSpec) -> Path:
     sdir.mkdir(parents=True, exist_ok=True)
     _write_state(sdir, spec, "creating")
     try:
-        with _signals_raise():
+        with signals_raise():
             for cmd in bridge_commands(spec):
                 _run(cmd)
             for i in range(spec.n_nodes):
