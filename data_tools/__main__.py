@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 
-from data_tools.sources import SOURCES, SourceError, register_all
+from data_tools.sources import MAX_CLASSES, MAX_SAMPLE_BYTES, SOURCES, SourceError, check_sample_bytes, register_all
 from hpctrain.data.shards import ShardError
 
 
@@ -16,7 +16,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m data_tools", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("convert", help="convert a dataset into HDF5 shards (under mpiexec: in parallel)")
+    c = sub.add_parser("convert", help="convert a dataset into HDF5 shards (under mpiexec: in parallel)",
+                       epilog=f"Limits (bad input is one error line, status 2): labels 0..{MAX_CLASSES - 1}; "
+                              f"one sample at most {MAX_SAMPLE_BYTES >> 20} MiB after --size; --test-fraction "
+                              f"in [0, 1) leaving a training sample; integer or real float samples, finite "
+                              f"unless --allow-nonfinite; ImageFolder entries must be regular files.")
     c.add_argument("src", nargs="?", help="source file or folder (not needed for digits)")
     c.add_argument("--from", dest="kind", required=True, choices=sorted(SOURCES))
     c.add_argument("--out", required=True, help="output shard directory")
@@ -24,7 +28,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--size", type=int, nargs=2, metavar=("H", "W"), help="resize to cover H×W, then centre-crop")
     c.add_argument("--encode", choices=("raw", "jpeg"), default="raw",
                    help="raw: decoded uint8 arrays; jpeg: encoded bytes (vlen), decoded by the loader")
-    c.add_argument("--test-fraction", type=float, default=0.2, help="held-out share when the source has no test split")
+    c.add_argument("--test-fraction", type=float, default=0.2,
+                   help="held-out share in [0, 1) when the source has no test split")
+    c.add_argument("--allow-nonfinite", action="store_true",
+                   help="convert float samples holding NaN/inf (refused by default: they train to NaN); "
+                        "bool, complex and object samples are always refused (store bool as uint8)")
     c.add_argument("--seed", type=int, default=0, help="seed of held-out splits and of the ImageFolder order")
     c.add_argument("--class-names", help="comma-separated class names (overrides the source's)")
     c.add_argument("--no-resume", action="store_true", help="reconvert shards even if already done")
@@ -46,9 +54,14 @@ def _convert(args) -> str:
     comm = MPI.COMM_WORLD                     # the entry point: the only place that names it
     if args.size and min(args.size) < 1:
         raise ValueError(f"--size {args.size[0]} {args.size[1]}: must be positive")
+    if args.size:                            # 3 uint8 channels at most: refused before any source is read
+        check_sample_bytes((3, *args.size), "uint8", f"--size {args.size[0]} {args.size[1]}")
+    if not 0 <= args.test_fraction < 1:
+        raise ValueError(f"--test-fraction {args.test_fraction}: must be in [0, 1)")
     names = [n.strip() for n in args.class_names.split(",")] if args.class_names else None
     source = SOURCES[args.kind](args.src, test_fraction=args.test_fraction, seed=args.seed,
-                                size=tuple(args.size) if args.size else None, encode=args.encode, class_names=names)
+                                size=tuple(args.size) if args.size else None, encode=args.encode, class_names=names,
+                                allow_nonfinite=args.allow_nonfinite)
     src = os.path.abspath(args.src) if args.src else ""
     tag = f"{args.kind}|{src}|{os.path.getmtime(src) if src and os.path.exists(src) else ''}|{args.seed}|{args.test_fraction}"
     meta = convert(source, args.out, args.shards, comm=comm, tag=tag, resume=not args.no_resume,

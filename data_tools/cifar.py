@@ -83,8 +83,8 @@ def _reader(src: str):
     if os.path.isdir(src):
         def read(name):
             path = os.path.join(src, name)
-            if not os.path.exists(path):
-                raise SourceError(f"{path}: missing CIFAR file")
+            if not os.path.isfile(path):           # isfile: a FIFO or device would block the open
+                raise SourceError(f"{path}: missing CIFAR file (or not a regular file)")
             with open(path, "rb") as fh:
                 return fh.read()
         return read

@@ -41,13 +41,13 @@ def parse_idx(data: bytes, origin: str) -> np.ndarray:
 
 def read_idx(path: str) -> np.ndarray:
     for candidate in (path, path + ".gz"):
-        if os.path.exists(candidate):
+        if os.path.isfile(candidate):                  # isfile: a FIFO or device would block the open
             try:
                 with (gzip.open if candidate.endswith(".gz") else open)(candidate, "rb") as fh:
                     return parse_idx(fh.read(), candidate)
             except (OSError, EOFError) as exc:
                 raise SourceError(f"{candidate}: unreadable ({exc})") from None
-    raise SourceError(f"{path}[.gz]: missing IDX file")
+    raise SourceError(f"{path}[.gz]: missing IDX file (or not a regular file)")
 
 
 @source("mnist")

@@ -11,14 +11,19 @@ opens only its own files.
 common size of all images. ``--encode jpeg``: JPEG files keep their original bytes (no second
 lossy step), other formats are re-encoded at ``--size``; every image is decoded once here so an
 unreadable one fails the conversion, not the training run.
+
+Only regular files (or links to them) are opened: a FIFO named ``x.png`` would block the open
+forever and a device could stream without end, so any other entry with an image extension is
+refused at listing time, before anything is opened, and checked again just before decoding.
 """
 from __future__ import annotations
 
 import os
+import stat
 
 import numpy as np
 
-from data_tools.sources import Chunk, Source, SourceError, SplitSource, source
+from data_tools.sources import Chunk, Source, SourceError, SplitSource, held_out_count, source
 from hpctrain.data import images
 
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".webp")
@@ -28,23 +33,45 @@ def list_classes(root: str) -> list[str]:
     return sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)) and not d.startswith("."))
 
 
+def refuse_irregular(path: str) -> None:
+    """Raise unless ``path`` is a regular file or a link to one; never opens it (see the module doc)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise SourceError(f"{path}: cannot stat ({exc.strerror})") from None
+    if not stat.S_ISREG(mode):
+        kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else
+                "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else
+                "a folder" if stat.S_ISDIR(mode) else "not a file")
+        raise SourceError(f"{path}: {kind}, not a regular image file; remove or rename it")
+
+
 def list_files(root: str, classes: list[str]) -> list[tuple[str, int]]:
-    """``(path, label)`` of every image under ``root/<class>/``, sorted; empty classes are errors."""
+    """``(path, label)`` of every image under ``root/<class>/``, sorted; empty classes are errors.
+
+    ``DirEntry.is_file`` answers from the directory listing for plain files (no ``stat`` per
+    image, which matters for a million-image tree on a network file system).
+    """
     items = []
     for label, cls in enumerate(classes):
         folder = os.path.join(root, cls)
         if not os.path.isdir(folder):
             continue                                   # a class absent from val/test is allowed
-        files = sorted(f for f in os.listdir(folder) if f.lower().endswith(EXTENSIONS))
-        if not files:
+        with os.scandir(folder) as it:
+            entries = sorted((e for e in it if e.name.lower().endswith(EXTENSIONS)), key=lambda e: e.name)
+        if not entries:
             raise SourceError(f"{folder}: empty class folder (no {'/'.join(EXTENSIONS)} images)")
-        items += [(os.path.join(folder, f), label) for f in files]
+        for e in entries:
+            if not e.is_file():
+                refuse_irregular(e.path)
+        items += [(e.path, label) for e in entries]
     return items
 
 
 def _open(path: str, draft: tuple | None = None):
     """Open and fully decode (so a truncated file fails here); ``draft`` (w, h) lets libjpeg downscale."""
     Image = images.pil()
+    refuse_irregular(path)                       # it may have been replaced since the listing
     try:
         img = Image.open(path)
         if draft:
@@ -98,8 +125,8 @@ def load_imagefolder(src: str | None, *, test_fraction: float = 0.2, seed: int =
             raise SourceError(f"{test_root}: classes {sorted(extra)} are not in {train_root}")
         splits = {"train": items, "test": list_files(test_root, classes)}
     else:
+        n_test = held_out_count(len(items), test_fraction, train_root)
         perm = rng.permutation(len(items))
-        n_test = int(round(len(items) * test_fraction))
         splits = {"train": [items[i] for i in sorted(perm[n_test:])], "test": [items[i] for i in sorted(perm[:n_test])]}
     splits = {k: [v[i] for i in rng.permutation(len(v))] for k, v in splits.items()}
     if size:

@@ -5,16 +5,28 @@ count and a ``read(lo, hi)`` that materialises samples ``[lo, hi)`` only, so a r
 conversion touches nothing but its own shards. Array sources (digits, npz, CIFAR, MNIST) are
 small enough to hold in memory; ImageFolder decodes files lazily (``imagefolder.py``).
 Images are ``(N, C, H, W)``; any other ``(N, ...)`` array converts too (no resize/JPEG then).
+
+Input is untrusted: every limit is checked before the memory it guards is allocated, and a
+violation is one :class:`SourceError` naming the file. Labels are 1-D integers in
+``0..MAX_CLASSES-1``; one sample (as decoded, after ``--size``) is at most ``MAX_SAMPLE_BYTES``;
+samples are integer or real float arrays, finite unless ``allow_nonfinite``; an ``.npz`` is
+checked from its array headers before any array is read.
 """
 from __future__ import annotations
 
+import math
 import os
+import zipfile
+import zlib
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
 SOURCES: dict[str, Callable] = {}
+MAX_CLASSES = 100_000            # one output unit and one name per class: a larger label is a corrupt file
+MAX_SAMPLE_BYTES = 256 << 20     # one decoded sample; each rank holds a chunk of at least one in memory
+_SCAN_BYTES = 32 << 20           # samples checked for NaN/inf per step (bounds the temporary mask)
 
 
 class SourceError(Exception):
@@ -54,12 +66,80 @@ class Source:
     extra: dict = field(default_factory=dict)
 
 
-def train_test_split(x, y, test_fraction: float, seed: int):
+def held_out_count(n: int, test_fraction: float, origin: str) -> int:
+    """Samples held out of ``n``; refuses a fraction outside [0, 1) or one that leaves no training sample."""
+    if not 0 <= test_fraction < 1:
+        raise SourceError(f"{origin}: --test-fraction {test_fraction} must be in [0, 1)")
+    n_test = int(round(n * test_fraction))
+    if n - n_test < 1:
+        raise SourceError(f"{origin}: {n} sample(s) with --test-fraction {test_fraction} leave no training sample")
+    return n_test
+
+
+def train_test_split(x, y, test_fraction: float, seed: int, origin: str = "source"):
     """A fixed, seeded split (the same on every machine)."""
+    n_test = held_out_count(len(x), test_fraction, origin)
     perm = np.random.default_rng(seed).permutation(len(x))
-    n_test = int(round(len(x) * test_fraction))
     te, tr = perm[:n_test], perm[n_test:]
     return {"train": (x[tr], y[tr]), "test": (x[te], y[te])}
+
+
+def check_sample_bytes(shape: tuple, dtype, origin: str) -> None:
+    """Refuse a sample larger than ``MAX_SAMPLE_BYTES`` before anything of that size is allocated.
+
+    ``math.prod`` on Python ints: ``np.prod`` of huge sides would overflow int64 silently.
+    """
+    n_bytes = math.prod(int(d) for d in shape) * np.dtype(dtype).itemsize
+    if n_bytes > MAX_SAMPLE_BYTES:
+        raise SourceError(f"{origin}: one sample is {np.dtype(dtype)} {tuple(shape)} = {n_bytes / 2**20:,.0f} MiB, "
+                          f"over the limit of {MAX_SAMPLE_BYTES >> 20} MiB per sample")
+
+
+def check_samples(x: np.ndarray, where: str, allow_nonfinite: bool = False) -> None:
+    """Refuse samples that would convert and then train to NaN or to nonsense.
+
+    Bool, complex, object, string and structured arrays are always refused (a cast would guess
+    what the user meant); NaN/inf in a float array are refused, naming the first bad sample,
+    unless ``allow_nonfinite``. The scan goes in chunks, so its mask stays small. ``where`` names
+    the file and array (or split) the sample indices count in.
+    """
+    if x.ndim < 1:
+        raise SourceError(f"{where}: 0-d {x.dtype} array; need samples (N, ...)")
+    if x.dtype.kind not in "iuf":
+        hint = " (store x.astype(np.uint8) if 0/1 pixels are meant)" if x.dtype.kind == "b" else ""
+        raise SourceError(f"{where}: samples are {x.dtype}; need an integer or real "
+                          f"float dtype{hint}")
+    if x.dtype.kind != "f" or allow_nonfinite or not len(x):
+        return
+    step = max(1, _SCAN_BYTES // max(x[0].nbytes, 1))
+    for lo in range(0, len(x), step):
+        bad = np.flatnonzero(~np.isfinite(x[lo:lo + step]).all(axis=tuple(range(1, x.ndim))))
+        if bad.size:
+            raise SourceError(f"{where}: sample {lo + int(bad[0])} has NaN or inf values "
+                              f"(pass --allow-nonfinite to convert it anyway)")
+
+
+def count_classes(labels: dict, origin: str) -> int:
+    """1 + the largest label of ``{name: y}``, checked before any per-class list is built.
+
+    Labels must be a 1-D integer array (bool and float refused), non-negative and below
+    ``MAX_CLASSES``: one label of 10**9 must be an error, not 10**9 class names.
+    """
+    top = -1
+    for name, y in labels.items():
+        y = np.asarray(y)
+        if y.ndim != 1 or (y.size and y.dtype.kind not in "iu"):
+            raise SourceError(f"{origin}: {name}: labels must be a 1-D integer array, got {y.dtype} {y.shape}")
+        if not y.size:
+            continue
+        lo, hi = int(np.argmin(y)), int(np.argmax(y))
+        if y[lo] < 0:
+            raise SourceError(f"{origin}: {name}: sample {lo} has a negative label ({int(y[lo])})")
+        if y[hi] >= MAX_CLASSES:
+            raise SourceError(f"{origin}: {name}: sample {hi} has label {int(y[hi])}; at most "
+                              f"{MAX_CLASSES:,} classes (labels 0..{MAX_CLASSES - 1}) are supported")
+        top = max(top, int(y[hi]))
+    return top + 1
 
 
 def _is_image(shape: tuple) -> bool:
@@ -76,9 +156,11 @@ def _resize_batch(x: np.ndarray, size: tuple) -> np.ndarray:
     return out
 
 
-def from_arrays(splits: dict, class_names: list, origin: str, *, size=None, encode: str = "raw") -> Source:
+def from_arrays(splits: dict, class_names: list, origin: str, *, size=None, encode: str = "raw",
+                allow_nonfinite: bool = False) -> Source:
     """A :class:`Source` over in-memory ``{split: (x, y)}``; optional resize and JPEG encoding."""
     for name, (x, y) in splits.items():
+        check_samples(np.asarray(x), f"{origin}: split {name}", allow_nonfinite)
         if len(x) != len(y):
             raise SourceError(f"{origin}: split {name}: {len(x)} samples but {len(y)} labels")
         y = np.asarray(y)
@@ -114,42 +196,90 @@ def load_digits(src: str | None, *, test_fraction: float = 0.2, seed: int = 0, s
     from sklearn.datasets import load_digits as sk_digits
     d = sk_digits()
     x = d.images.astype(np.uint8)[:, None, :, :]   # (N, 1, 8, 8), values 0..16
-    splits = train_test_split(x, d.target.astype(np.int64), test_fraction, seed)
+    splits = train_test_split(x, d.target.astype(np.int64), test_fraction, seed, "digits")
     return from_arrays(splits, [str(c) for c in d.target_names], "digits", size=size, encode=encode)
+
+
+def _memory_bytes() -> int:
+    """Physical memory: an ``.npz`` whose arrays declare more cannot be converted here."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _npz_header(z: zipfile.ZipFile, member: str) -> tuple[tuple, np.dtype]:
+    """``(shape, dtype)`` from a member's ``.npy`` header, without reading its data."""
+    fmt = np.lib.format
+    with z.open(member) as fh:
+        version = fmt.read_magic(fh)
+        if version not in ((1, 0), (2, 0)):      # 3.0 only adds UTF-8 field names: structured, refused anyway
+            raise ValueError(f"unsupported .npy format version {version}")
+        shape, _, dtype = (fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0)(fh)
+    return shape, dtype
+
+
+def _check_npz_headers(heads: dict, src: str) -> None:
+    """Refuse from the headers alone: pickled objects, 0-d or oversized samples, a zip bomb."""
+    for key, (shape, dtype) in heads.items():
+        if dtype.hasobject:
+            raise SourceError(f"{src}: array {key!r} holds Python objects (pickles are not loaded)")
+        if key in ("x", "x_test") and not shape:
+            raise SourceError(f"{src}: array {key!r} is 0-d {dtype}; need samples (N, ...)")
+        if key in ("x", "x_test"):
+            check_sample_bytes(shape[1:], dtype, f"{src}: array {key!r}")
+    total = sum(math.prod(shape) * dtype.itemsize for shape, dtype in heads.values())
+    if total > _memory_bytes():
+        raise SourceError(f"{src}: arrays declare {total / 2**30:,.1f} GiB, more than this machine's memory")
+
+
+def read_npz(src: str) -> dict:
+    """The arrays of an ``.npz``, every header checked before any data is read.
+
+    Read with :mod:`zipfile` and ``np.lib.format`` (what ``np.load`` does) so the checks come
+    first; a truncated or corrupt archive is one :class:`SourceError` naming the file.
+    """
+    if not src or not os.path.isfile(src):       # isfile: a FIFO or device would block the open
+        raise SourceError(f"{src}: npz file not found (or not a regular file)")
+    try:
+        with zipfile.ZipFile(src) as z:
+            members = {m[:-4]: m for m in z.namelist() if m.endswith(".npy")}
+            _check_npz_headers({k: _npz_header(z, m) for k, m in members.items()}, src)
+            arrays = {}
+            for key, member in members.items():
+                with z.open(member) as fh:
+                    arrays[key] = np.lib.format.read_array(fh, allow_pickle=False)
+            return arrays
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError, RuntimeError, NotImplementedError) as exc:
+        # RuntimeError: an encrypted member; NotImplementedError: an unknown compression method
+        raise SourceError(f"{src}: not a readable .npz ({type(exc).__name__}: {exc})") from None
 
 
 @source("npz")
 def load_npz(src: str | None, *, test_fraction: float = 0.2, seed: int = 0, size=None, encode="raw",
-             class_names=None, **_):
+             class_names=None, allow_nonfinite: bool = False, **_):
     """A ``.npz`` with arrays ``x`` and ``y`` (and optionally ``x_test``, ``y_test``)."""
-    if not src or not os.path.exists(src):
-        raise SourceError(f"{src}: npz file not found")
-    try:
-        with np.load(src, allow_pickle=False) as f:
-            arrays = {k: f[k] for k in f.files}
-    except (OSError, ValueError) as exc:
-        raise SourceError(f"{src}: not a readable .npz ({exc})") from None
+    arrays = read_npz(src)
     for key in ("x", "y"):
         if key not in arrays:
             raise SourceError(f"{src}: missing array {key!r} (has {', '.join(arrays) or 'none'})")
     if ("x_test" in arrays) != ("y_test" in arrays):
         raise SourceError(f"{src}: 'x_test' and 'y_test' must come together")
+    pairs = [("x", "y"), ("x_test", "y_test")] if "x_test" in arrays else [("x", "y")]
+    for xk, yk in pairs:                     # as stored, so a sample index is the file's, not the shuffled split's
+        check_samples(arrays[xk], f"{src}: array {xk!r}", allow_nonfinite)
+    n_classes = count_classes({f"array {yk!r}": arrays[yk] for _, yk in pairs}, src)
+    for xk, yk in pairs:
+        if len(arrays[xk]) != len(arrays[yk]):
+            raise SourceError(f"{src}: {xk!r} has {len(arrays[xk])} samples but {yk!r} has {len(arrays[yk])}")
     if "x_test" in arrays:
         splits = {"train": (arrays["x"], arrays["y"]), "test": (arrays["x_test"], arrays["y_test"])}
     else:
-        if len(arrays["x"]) != len(arrays["y"]):
-            raise SourceError(f"{src}: 'x' has {len(arrays['x'])} samples but 'y' has {len(arrays['y'])}")
-        splits = train_test_split(arrays["x"], arrays["y"], test_fraction, seed)
+        splits = train_test_split(arrays["x"], arrays["y"], test_fraction, seed, src)
     for name, (x, y) in splits.items():
         if x.shape[1:] != splits["train"][0].shape[1:] or x.dtype != splits["train"][0].dtype:
             raise SourceError(f"{src}: split {name} has {x.dtype} {x.shape[1:]}, train has "
                               f"{splits['train'][0].dtype} {splits['train'][0].shape[1:]}")
-        if y.size and np.issubdtype(y.dtype, np.integer) and (y < 0).any():
-            raise SourceError(f"{src}: split {name}: sample {int(np.flatnonzero(y < 0)[0])} has a negative label")
-    ys = [y for _, y in splits.values() if y.size and np.issubdtype(y.dtype, np.integer)]
-    n_classes = max((int(y.max()) for y in ys), default=-1) + 1
     names = class_names or [str(c) for c in range(n_classes)]
-    return from_arrays(splits, names, src, size=size, encode=encode)
+    # the finiteness scan ran above, on the arrays as stored: no second pass
+    return from_arrays(splits, names, src, size=size, encode=encode, allow_nonfinite=True)
 
 
 def register_all() -> None:

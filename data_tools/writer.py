@@ -8,7 +8,8 @@ index entry (with SHA-256) and the per-channel sums for the normalisation statis
 gathers the records and writes ``index.json`` last, atomically; the old index is removed first,
 so a directory with an index is complete, and a failed or killed conversion leaves none.
 Re-running the same conversion skips every shard whose record matches and whose file still
-hashes to the recorded SHA-256 (``resume``).
+hashes to the recorded SHA-256 (``resume``). A sample over ``sources.MAX_SAMPLE_BYTES`` is refused
+before anything is written or allocated.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import os
 
 import numpy as np
 
-from data_tools.sources import Source, SourceError, from_arrays
+from data_tools.sources import Source, SourceError, check_sample_bytes, from_arrays
 from hpctrain.data.plan import block_range
 from hpctrain.data.shards import INDEX, atomic_write_text, file_sha256, shard_name, write_index
 from hpctrain.data.shardwriter import ShardWriter
@@ -160,6 +161,10 @@ def convert(source: Source, out: str, n_shards: int = 1, *, comm=None, tag: str 
     rank, size = comm.Get_rank(), comm.Get_size()
     if n_shards < 1:
         raise ConvertError(f"--shards must be >= 1, got {n_shards}")
+    try:                                     # the same answer on every rank: no agreement needed
+        check_sample_bytes(source.sample_shape, source.dtype, source.origin)
+    except SourceError as exc:
+        raise ConvertError(str(exc)) from None
     error = None
     if rank == 0:
         try:
