@@ -125,10 +125,14 @@ class Watchdog:
                 reported += 1
 
     def close(self) -> None:
-        """Collective: stop the thread and free the window."""
+        """Collective: stop the thread and free the window and the communicator; idempotent."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+            self._thread = None
+        if self.comm == MPI.COMM_NULL:
+            return
         self.comm.Barrier()
-        self.win.Free()
+        if self.win != MPI.WIN_NULL:
+            self.win.Free()
         self.comm.Free()

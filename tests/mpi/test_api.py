@@ -37,17 +37,16 @@ def build(optimizer):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("optimizer", ["sgd", "lars"])
-def test_api_equals_single_process(optimizer):
+def test_api_equals_single_process(optimizer, closer):
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
-    topo = hpctrain.init(comm, abort_on_error=False)
+    topo = closer(hpctrain.init(comm, abort_on_error=False))
     model, opt = build(optimizer)
     spec = hpctrain.ScheduleSpec(peak_lr=0.05, warmup_steps=2, total_steps=STEPS, kind="cosine")
-    trainer = hpctrain.DistributedTrainer(model, opt, topo, schedule=spec)
+    trainer = closer(hpctrain.DistributedTrainer(model, opt, topo, schedule=spec))
     for x, y in batches(size):
         sl = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
         trainer.step(x[sl], y[sl])
-    trainer.close()
 
     ref, ref_opt = build(optimizer)
     loss_fn = torch.nn.CrossEntropyLoss()
@@ -60,7 +59,6 @@ def test_api_equals_single_process(optimizer):
     with torch.no_grad():
         diff = max(float((a - b).abs().max()) for a, b in zip(model.parameters(), ref.parameters()))
     assert diff <= 1e-10, diff
-    topo.close()
 
 
 @pytest.mark.mpi

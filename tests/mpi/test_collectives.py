@@ -8,10 +8,16 @@ from hpctrain import comm as comm_lib
 from hpctrain.topology import Topology
 
 
-def comms():
-    yield "world", MPI.COMM_WORLD
-    yield "dup", MPI.COMM_WORLD.Dup()
-    yield "self", MPI.COMM_SELF
+@pytest.fixture(params=["world", "dup", "self"])
+def comm_case(request):
+    """(name, communicator): COMM_WORLD, a Dup of it (freed in teardown), COMM_SELF."""
+    which = request.param
+    if which == "dup":
+        comm = MPI.COMM_WORLD.Dup()
+        yield which, comm
+        comm.Free()
+    else:
+        yield which, {"world": MPI.COMM_WORLD, "self": MPI.COMM_SELF}[which]
 
 
 def make_params(sizes, dtype=torch.float32):
@@ -20,12 +26,11 @@ def make_params(sizes, dtype=torch.float32):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("strategy", sorted(comm_lib.STRATEGIES))
-@pytest.mark.parametrize("which", ["world", "dup", "self"])
-def test_grad_equals_rank_gives_mean(strategy, which):
-    comm = dict(comms())[which]
-    topo = Topology.create(comm)
+def test_grad_equals_rank_gives_mean(strategy, comm_case, closer):
+    which, comm = comm_case                    # requested before closer: freed after topo and sync
+    topo = closer(Topology.create(comm))
     params = make_params([0, 1, 7, 1031, 5000])
-    sync = comm_lib.create(strategy, params, topo, bucket_bytes=4 * 1024)  # several buckets
+    sync = closer(comm_lib.create(strategy, params, topo, bucket_bytes=4 * 1024))  # several buckets
     rank, size = comm.Get_rank(), comm.Get_size()
     for _ in range(2):   # twice: lazy set-up bugs show on the second call
         for p in params:
@@ -33,19 +38,17 @@ def test_grad_equals_rank_gives_mean(strategy, which):
         sync.allreduce_grads()
         for p in params:
             assert torch.all(p.grad == (size - 1) / 2), (strategy, which)
-    sync.close()
-    topo.close()
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("strategy", sorted(comm_lib.STRATEGIES))
-def test_matches_mpi_allreduce_on_random_data(strategy):
+def test_matches_mpi_allreduce_on_random_data(strategy, closer):
     comm = MPI.COMM_WORLD
     rng = np.random.default_rng(100 + comm.Get_rank())
     params = make_params([3, 4097, 13], torch.float64)
     grads = [torch.from_numpy(rng.standard_normal(p.numel())) for p in params]
-    topo = Topology.create(comm)
-    sync = comm_lib.create(strategy, params, topo, bucket_bytes=8 * 4096)
+    topo = closer(Topology.create(comm))
+    sync = closer(comm_lib.create(strategy, params, topo, bucket_bytes=8 * 4096))
     for p, g in zip(params, grads):
         p.grad = g.clone()
     sync.allreduce_grads()
@@ -53,8 +56,6 @@ def test_matches_mpi_allreduce_on_random_data(strategy):
         want = g.numpy().copy()
         comm.Allreduce(MPI.IN_PLACE, want)
         np.testing.assert_allclose(p.grad.numpy(), want / comm.Get_size(), rtol=1e-12, atol=1e-15)
-    sync.close()
-    topo.close()
 
 
 @pytest.mark.mpi
@@ -70,17 +71,15 @@ def test_broadcast_and_checksum_agree():
 
 
 @pytest.mark.mpi(min_size=2)
-def test_topology_emulated_nodes():
+def test_topology_emulated_nodes(closer):
     comm = MPI.COMM_WORLD
     size = comm.Get_size()
-    topo = Topology.create(comm, ranks_per_node=2)
+    topo = closer(Topology.create(comm, ranks_per_node=2))
     assert topo.n_nodes == (size + 1) // 2
     assert topo.local_rank == comm.Get_rank() % 2 and topo.node == comm.Get_rank() // 2
     assert topo.inter.Get_size() == len(range(topo.local_rank, size, 2))
     assert topo.node_sizes == tuple(min(2, size - 2 * k) for k in range(topo.n_nodes))  # 3 ranks: (2, 1)
     assert topo.min_local_size == (1 if size % 2 else 2)
-    topo.close()
-    real = Topology.create(comm)
+    real = closer(Topology.create(comm))
     assert real.n_nodes == 1 and real.local_size == size   # one host
     assert real.node_sizes == (size,) and real.min_local_size == size
-    real.close()

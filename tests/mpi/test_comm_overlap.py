@@ -31,10 +31,10 @@ def grad_bytes(model):
     return b"".join(p.grad.numpy().tobytes() for p in model.parameters())
 
 
-def run(strategy, codec, topo, overlap):
+def run(strategy, codec, topo, overlap, closer):
     model, data = model_and_data(topo.rank)
-    sync = comm_lib.create(strategy, model.parameters(), topo, bucket_bytes=8 * 1024,
-                           compression=codec, overlap=overlap)
+    sync = closer(comm_lib.create(strategy, model.parameters(), topo, bucket_bytes=8 * 1024,
+                                  compression=codec, overlap=overlap))
     out = []
     for x, y in data:                          # two rounds: buffers reused
         model.zero_grad(set_to_none=False)
@@ -42,7 +42,6 @@ def run(strategy, codec, topo, overlap):
         started = len(sync.started)
         assert sync.allreduce_grads() is False
         out.append(grad_bytes(model))
-    sync.close()
     return out, started, len(sync.buckets)
 
 
@@ -50,39 +49,37 @@ def run(strategy, codec, topo, overlap):
 @pytest.mark.parametrize("ranks_per_node", [0, 2])
 @pytest.mark.parametrize("codec", CODECS)
 @pytest.mark.parametrize("strategy", STRATS)
-def test_overlap_is_bit_identical(strategy, codec, ranks_per_node):
-    topo = Topology.create(MPI.COMM_WORLD, ranks_per_node=ranks_per_node)
-    blocking, started0, n_buckets = run(strategy, codec, topo, overlap=False)
-    overlapped, started1, _ = run(strategy, codec, topo, overlap=True)
+def test_overlap_is_bit_identical(strategy, codec, ranks_per_node, closer):
+    topo = closer(Topology.create(MPI.COMM_WORLD, ranks_per_node=ranks_per_node))
+    blocking, started0, n_buckets = run(strategy, codec, topo, overlap=False, closer=closer)
+    overlapped, started1, _ = run(strategy, codec, topo, overlap=True, closer=closer)
     assert n_buckets >= 4
     assert started0 == 0                       # nothing starts without hooks ...
     assert started1 == n_buckets               # ... every bucket starts during backward with them
     assert blocking == overlapped
     digests = topo.comm.allgather([zlib.crc32(b) for b in overlapped])
     assert all(d == digests[0] for d in digests)
-    topo.close()
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("strategy", STRATS)
-def test_second_backward_before_finish(strategy):
+def test_second_backward_before_finish(strategy, closer):
     """In-flight buckets keep the first backward's gradients; the second only touches p.grad."""
     comm = MPI.COMM_WORLD
-    topo = Topology.create(comm, ranks_per_node=2)
+    topo = closer(Topology.create(comm, ranks_per_node=2))
     (x1, y1), (x2, y2) = model_and_data(topo.rank)[1]
     # Reference: the mean of the first backward's gradients, blocking path.
     ref_model, _ = model_and_data(topo.rank)
-    ref = comm_lib.create(strategy, ref_model.parameters(), topo, bucket_bytes=8 * 1024)
+    ref = closer(comm_lib.create(strategy, ref_model.parameters(), topo, bucket_bytes=8 * 1024))
     backward(ref_model, x1, y1)
     ref.allreduce_grads()
-    ref.close()
     # Local gradients of both backwards, no communication.
     loc_model, _ = model_and_data(topo.rank)
     backward(loc_model, x1, y1)
     backward(loc_model, x2, y2)
 
     model, _ = model_and_data(topo.rank)
-    sync = comm_lib.create(strategy, model.parameters(), topo, bucket_bytes=8 * 1024, overlap=True)
+    sync = closer(comm_lib.create(strategy, model.parameters(), topo, bucket_bytes=8 * 1024, overlap=True))
     backward(model, x1, y1)
     assert len(sync.started) == len(sync.buckets)
     backward(model, x2, y2)                    # while the round is in flight
@@ -100,5 +97,3 @@ def test_second_backward_before_finish(strategy):
         comm.Allreduce(MPI.IN_PLACE, want)
         torch.testing.assert_close(p.grad, torch.from_numpy(want) / comm.Get_size(),
                                    rtol=1e-6, atol=1e-7)
-    sync.close()
-    topo.close()

@@ -19,11 +19,11 @@ def rss_bytes() -> int:
 @pytest.mark.mpi
 @pytest.mark.parametrize("codec", CODECS)
 @pytest.mark.parametrize("strategy", STRATS)
-def test_repeated_rounds_do_not_grow_memory(strategy, codec):
-    topo = Topology.create(MPI.COMM_WORLD, ranks_per_node=2)
+def test_repeated_rounds_do_not_grow_memory(strategy, codec, closer):
+    topo = closer(Topology.create(MPI.COMM_WORLD, ranks_per_node=2))
     params = [torch.nn.Parameter(torch.zeros(n)) for n in (300_000, 300, 7)]   # ~1.2 MB a round
-    sync = comm_lib.create(strategy, params, topo, bucket_bytes=1 << 20, compression=codec,
-                           overlap=True)
+    sync = closer(comm_lib.create(strategy, params, topo, bucket_bytes=1 << 20, compression=codec,
+                                  overlap=True))
     for p in params:
         p.grad = torch.ones_like(p)
 
@@ -37,19 +37,19 @@ def test_repeated_rounds_do_not_grow_memory(strategy, codec):
     rounds(100)
     grown = rss_bytes() - before
     assert grown < 8 * 2**20, f"RSS grew by {grown / 2**20:.1f} MiB over 100 rounds"
-    assert torch.all(params[0].grad == 1.0) or codec == "fp16"
-    sync.close()
-    topo.close()
+    # the mean of ones is 1: exact without compression; fp16 within n * 2^-11 relative
+    rtol = 0 if codec == "none" else topo.size * 2.0**-11
+    torch.testing.assert_close(params[0].grad, torch.ones_like(params[0]), rtol=rtol, atol=0)
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("strategy", STRATS)
-def test_close_frees_communicators_and_windows(strategy):
-    topo = Topology.create(MPI.COMM_WORLD, ranks_per_node=2)
+def test_close_frees_communicators_and_windows(strategy, closer):
+    topo = closer(Topology.create(MPI.COMM_WORLD, ranks_per_node=2))
     nulls = (MPI.COMM_NULL, MPI.WIN_NULL)
     for _ in range(30):                        # a leak would accumulate 30x
         params = [torch.nn.Parameter(torch.zeros(n)) for n in (3000, 3000, 10)]
-        sync = comm_lib.create(strategy, params, topo, bucket_bytes=8 * 1024)
+        sync = closer(comm_lib.create(strategy, params, topo, bucket_bytes=8 * 1024))
         handles = sync.handles()
         assert len(handles) >= len(sync.buckets)
         assert all(h not in nulls for h in handles)
@@ -61,4 +61,3 @@ def test_close_frees_communicators_and_windows(strategy):
         sync.close()                           # idempotent
     with pytest.raises(RuntimeError, match="after close"):
         sync.allreduce_grads()
-    topo.close()

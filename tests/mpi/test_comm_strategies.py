@@ -53,12 +53,12 @@ def bound(codec, dtype, n, mean_abs):
     return 4 * n * eps * mean_abs
 
 
-def check_sync(strategy, codec, topo, sizes, bucket_bytes, dtype=torch.float32, seed=0, overlap=False):
+def check_sync(closer, strategy, codec, topo, sizes, bucket_bytes, dtype=torch.float32, seed=0, overlap=False):
     comm = topo.comm
     rng = np.random.default_rng(seed * 1000 + comm.Get_rank())
     params = params_of(sizes, dtype)
-    sync = comm_lib.create(strategy, params, topo, bucket_bytes=bucket_bytes, compression=codec,
-                           overlap=overlap)
+    sync = closer(comm_lib.create(strategy, params, topo, bucket_bytes=bucket_bytes, compression=codec,
+                                  overlap=overlap))
     for _ in range(2):   # twice: lazy set-up bugs show on the second call
         grads = [torch.from_numpy(rng.standard_normal(n) * 3).to(dtype) for n in sizes]
         for p, g in zip(params, grads):
@@ -71,62 +71,57 @@ def check_sync(strategy, codec, topo, sizes, bucket_bytes, dtype=torch.float32, 
             assert np.all(err <= tol), (strategy, codec, float((err - tol).max()))
         blob = b"".join(p.grad.numpy().tobytes() for p in params)
         assert len(set(comm.allgather(zlib.crc32(blob)))) == 1, "ranks disagree"
-    sync.close()
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("codec", CODECS)
 @pytest.mark.parametrize("strategy", STRATS)
-def test_matches_mpi_allreduce(strategy, codec, case):
-    topo = Topology.create(MPI.COMM_WORLD)
+def test_matches_mpi_allreduce(strategy, codec, case, closer):
+    topo = closer(Topology.create(MPI.COMM_WORLD))
     sizes, bucket_bytes = CASES[case]
-    check_sync(strategy, codec, topo, sizes, bucket_bytes)
-    topo.close()
+    check_sync(closer, strategy, codec, topo, sizes, bucket_bytes)
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks_per_node", [1, 2, 3])
 @pytest.mark.parametrize("codec", CODECS)
 @pytest.mark.parametrize("strategy", STRATS)
-def test_emulated_topologies(strategy, codec, ranks_per_node):
+def test_emulated_topologies(strategy, codec, ranks_per_node, closer):
     """K ranks per node, uneven last node included (4 ranks, K=3: nodes of 3 and 1)."""
-    topo = Topology.create(MPI.COMM_WORLD, ranks_per_node=ranks_per_node)
-    check_sync(strategy, codec, topo, *CASES["several"], seed=ranks_per_node)
-    check_sync(strategy, codec, topo, *CASES["big"], seed=ranks_per_node)
-    topo.close()
+    topo = closer(Topology.create(MPI.COMM_WORLD, ranks_per_node=ranks_per_node))
+    check_sync(closer, strategy, codec, topo, *CASES["several"], seed=ranks_per_node)
+    check_sync(closer, strategy, codec, topo, *CASES["big"], seed=ranks_per_node)
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("strategy", STRATS)
 @pytest.mark.parametrize("ranks_per_node", [0, 2])
-def test_float64_exact_enough(strategy, ranks_per_node):
-    topo = Topology.create(MPI.COMM_WORLD, ranks_per_node=ranks_per_node)
-    check_sync(strategy, "none", topo, *CASES["several"], dtype=torch.float64)
-    topo.close()
+def test_float64_exact_enough(strategy, ranks_per_node, closer):
+    topo = closer(Topology.create(MPI.COMM_WORLD, ranks_per_node=ranks_per_node))
+    check_sync(closer, strategy, "none", topo, *CASES["several"], dtype=torch.float64)
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("strategy", STRATS)
-def test_fp16_rejects_float64(strategy):
-    topo = Topology.create(MPI.COMM_WORLD)
+def test_fp16_rejects_float64(strategy, closer):
+    topo = closer(Topology.create(MPI.COMM_WORLD))
     with pytest.raises(ValueError, match="comm.compression"):
-        comm_lib.create(strategy, params_of([4], torch.float64), topo, bucket_bytes=4096,
-                        compression="fp16")
-    topo.close()
+        closer(comm_lib.create(strategy, params_of([4], torch.float64), topo, bucket_bytes=4096,
+                               compression="fp16"))
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("codec", CODECS)
 @pytest.mark.parametrize("strategy", STRATS)
-def test_mean_is_readable_per_bucket_without_scatter(strategy, codec):
+def test_mean_is_readable_per_bucket_without_scatter(strategy, codec, closer):
     """``finish(scatter=False)`` leaves p.grad alone and the mean in ``bucket.result`` (decoded
     from the fp16 wire on first read); a missing gradient counts as zeros."""
     comm = MPI.COMM_WORLD
     n = comm.Get_size()
-    topo = Topology.create(comm, ranks_per_node=2)
+    topo = closer(Topology.create(comm, ranks_per_node=2))
     params = params_of([5, 30000, 7, 11], torch.float32)    # 120 KB: compressed where allowed
-    sync = comm_lib.create(strategy, params, topo, bucket_bytes=128 * 1024, compression=codec)
+    sync = closer(comm_lib.create(strategy, params, topo, bucket_bytes=128 * 1024, compression=codec))
     if strategy == "flat" and codec == "fp16" and n > 1:
         assert any(b.wire is not None for b in sync.buckets)
     for p in params[:-1]:
@@ -143,5 +138,3 @@ def test_mean_is_readable_per_bucket_without_scatter(strategy, codec):
             for p, off in zip(b.params, b.offsets):
                 want = 0.0 if p is params[-1] else (n - 1) / 2
                 assert torch.allclose(res[off:off + p.numel()], torch.tensor(want), rtol=tol, atol=0)
-    sync.close()
-    topo.close()

@@ -40,7 +40,7 @@ def make_tree(root, rng):
 
 
 @pytest.mark.mpi
-def test_parallel_conversion_equals_serial(shared_tmpdir):
+def test_parallel_conversion_equals_serial(shared_tmpdir, closer):
     comm = MPI.COMM_WORLD
     base = shared_tmpdir
     if comm.Get_rank() == 0:
@@ -56,10 +56,14 @@ def test_parallel_conversion_equals_serial(shared_tmpdir):
     ser = json.load(open(os.path.join(base, "ser", "index.json")))
     assert par == ser                                   # counts, shapes, classes, statistics, SHA-256s
     for split in ("train", "test"):
-        a = ShardSet(read_index(os.path.join(base, "par")), split)
-        b = ShardSet(read_index(os.path.join(base, "ser")), split)
+        a = closer(ShardSet(read_index(os.path.join(base, "par")), split))
+        b = closer(ShardSet(read_index(os.path.join(base, "ser")), split))
         for got, want in zip(a.read_range(0, a.num_samples), b.read_range(0, b.num_samples)):
             np.testing.assert_array_equal(got, want)
+        a.close()
+        b.close()
+    # resume rewrites ser/index.json: no rank may still be reading it (the race that hung CI)
+    comm.Barrier()
     # resume: every rank verifies and keeps its finished shards
     meta = convert(SOURCES["imagefolder"](os.path.join(base, "src")), os.path.join(base, "ser"), 5, comm=comm)
     n_shards = sum(len(sp["shards"]) for sp in ser["splits"].values())   # test split: 4 samples, 4 shards

@@ -40,17 +40,18 @@ def batches(loader, epoch, n=None, **kw):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks_per_node", [0, 1, 2])
-def test_node_reader_equals_per_rank(dataset, ranks_per_node):
+def test_node_reader_equals_per_rank(dataset, ranks_per_node, closer):
     comm = MPI.COMM_WORLD
-    topo = Topology.create(comm, ranks_per_node)
+    topo = closer(Topology.create(comm, ranks_per_node))
     idx = read_index(dataset)
-    serial = ShardSet(idx, "train", driver="serial")
+    serial = closer(ShardSet(idx, "train", driver="serial"))
     # the node's reader opens the files (collectively over the readers with mpio); others never read
-    shared = ShardSet(idx, "train", comm=topo.inter) if topo.local_rank == 0 else ShardSet(idx, "train", driver="serial")
+    shared = closer(ShardSet(idx, "train", comm=topo.inter) if topo.local_rank == 0
+                    else ShardSet(idx, "train", driver="serial"))
     kw = dict(rank=topo.rank, size=topo.size, batch_size=6, block_size=5, shuffle_window=24,
               transform=Augment("padcrop"))
-    per_rank = ShardLoader(serial, **kw)
-    node = ShardLoader(shared, node_comm=topo.intra, node_slots=2, **kw)
+    per_rank = closer(ShardLoader(serial, **kw))
+    node = closer(ShardLoader(shared, node_comm=topo.intra, node_slots=2, **kw))
     assert "node-level reading" in node.describe()
     for epoch, n in ((0, None), (1, 3), (2, None)):            # epoch 1 is abandoned after 3 batches
         want, got = batches(per_rank, epoch, n), batches(node, epoch, n)
@@ -59,47 +60,36 @@ def test_node_reader_equals_per_rank(dataset, ranks_per_node):
             assert torch.equal(x1, x2) and torch.equal(y1, y2)
     ys = comm.allgather(torch.cat([y for _, y in batches(node, 3, augment=False)]).tolist())
     assert len(sum(ys, [])) == per_rank.steps * per_rank.global_batch
-    node.close()
-    per_rank.close()
-    shared.close()
-    serial.close()
-    topo.close()
 
 
 @pytest.mark.mpi
-def test_mpio_reads_equal_serial(dataset):
+def test_mpio_reads_equal_serial(dataset, closer):
     comm = MPI.COMM_WORLD
     idx = read_index(dataset)
-    par = ShardSet(idx, "train", comm=comm, driver="auto")
-    ser = ShardSet(idx, "train", driver="serial")
+    par = closer(ShardSet(idx, "train", comm=comm, driver="auto"))
+    ser = closer(ShardSet(idx, "train", driver="serial"))
     assert par.driver == "mpio" and "driver='mpio'" in par.describe()
     lo, hi = comm.Get_rank() * 11, 157 - comm.Get_rank() * 7          # different ranges per rank
     for got, want in zip(par.read_range(lo, hi), ser.read_range(lo, hi)):
         np.testing.assert_array_equal(got, want)
-    par.close()
-    ser.close()
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("reader,driver", [("rank", "auto"), ("rank", "serial"), ("node", "auto")])
-def test_factory_loaders_agree(dataset, reader, driver):
+def test_factory_loaders_agree(dataset, reader, driver, closer):
     from hpctrain.data import open_split, train_loader
     comm = MPI.COMM_WORLD
-    topo = Topology.create(comm, 2)
+    topo = closer(Topology.create(comm, 2))
     idx = read_index(dataset)
     kw = dict(batch_size=5, seed=4, block_size=6, shuffle_window=30, augment=True, augment_kind="padcrop")
-    ref = train_loader(idx, topo, reader="rank", hdf5_driver="serial", **kw)
-    ld = train_loader(idx, topo, reader=reader, hdf5_driver=driver, **kw)
+    ref = closer(train_loader(idx, topo, reader="rank", hdf5_driver="serial", **kw))
+    ld = closer(train_loader(idx, topo, reader=reader, hdf5_driver=driver, **kw))
     assert ("node-level" in ld.describe()) == (reader == "node")
     assert ("mpio" in ld.describe()) == (driver == "auto" and (reader == "rank" or topo.local_rank == 0))
     for epoch in (0, 1):
         for (x1, y1), (x2, y2) in zip(ref.epoch(epoch), ld.epoch(epoch)):
             assert torch.equal(x1, x2) and torch.equal(y1, y2)
-    test = open_split(idx, "train", topo, driver=driver)
+    test = closer(open_split(idx, "train", topo, driver=driver))
     assert test.read_range(0, 3)[0].shape == (3, 3, 6, 5)
-    test.close()
-    ld.close()
-    ref.close()
     with pytest.raises(ValueError, match="config data.reader: expected one of rank | node, got 'disk'"):
-        train_loader(idx, topo, batch_size=4, reader="disk")
-    topo.close()
+        closer(train_loader(idx, topo, batch_size=4, reader="disk"))

@@ -29,15 +29,15 @@ def sgd(model):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("strategy", sorted(comm_lib.STRATEGIES))
-def test_ranks_equal_single_process_global_batch(strategy):
+def test_ranks_equal_single_process_global_batch(strategy, closer):
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     # distributed: each rank takes its slice of every global batch
     torch.manual_seed(rank)                 # deliberately different init before the broadcast
     model = fresh_model() if rank == 0 else SmallCNN(batchnorm=False).double()
     comm_lib.broadcast_module(model, comm)
-    topo = Topology.create(comm)
-    sync = comm_lib.create(strategy, model.parameters(), topo, bucket_bytes=16 * 1024)
+    topo = closer(Topology.create(comm))
+    sync = closer(comm_lib.create(strategy, model.parameters(), topo, bucket_bytes=16 * 1024))
     opt = sgd(model)
     for x, y in global_batches(size):
         opt.zero_grad()
@@ -45,8 +45,6 @@ def test_ranks_equal_single_process_global_batch(strategy):
         torch.nn.functional.cross_entropy(model(x[sl]), y[sl]).backward()
         sync.allreduce_grads()
         opt.step()
-    sync.close()
-    topo.close()
     # reference: one process, the whole global batch
     ref = fresh_model()
     ref_opt = sgd(ref)

@@ -39,11 +39,11 @@ def batch(rank, step):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_save_then_resume_restores_everything(world, tmp_path):
+def test_save_then_resume_restores_everything(world, tmp_path, closer):
     d = shared_dir(world, tmp_path)
-    topo = Topology.create(world)
+    topo = closer(Topology.create(world))
     rank = world.Get_rank()
-    a = make_trainer(topo)
+    a = closer(make_trainer(topo))
     for s in range(5):
         a.step(*batch(rank, s))
     ckpt = ck.Checkpointer(world, d, steps_per_epoch=3, global_batch=8 * world.Get_size(), config={"x": 1})
@@ -53,7 +53,7 @@ def test_save_then_resume_restores_everything(world, tmp_path):
     expect_rng = (torch.rand(2), np.random.rand(2))
     assert path == os.path.join(d, ck.checkpoint_name(5)) and os.path.exists(path)
 
-    b = make_trainer(topo, seed=7)                # different initial weights
+    b = closer(make_trainer(topo, seed=7))        # different initial weights
     torch.manual_seed(0), np.random.seed(0)
     pos = ck.Checkpointer(world, d, steps_per_epoch=3, global_batch=8 * world.Get_size(), config={}).resume(b, "auto")
     assert (pos.step, pos.epoch, pos.step_in_epoch, pos.replanned) == (5, 1, 2, False)
@@ -74,23 +74,20 @@ def test_save_then_resume_restores_everything(world, tmp_path):
     a.step(*batch(rank, 5))
     b.step(*batch(rank, 5))
     assert all(torch.equal(x, y) for x, y in zip(a.model.parameters(), b.model.parameters()))
-    for t in (a, b):
-        t.close()
-    topo.close()
 
 
 @pytest.mark.mpi(min_size=2)
-def test_mid_run_checkpoint_of_odsgd_completes_the_update_in_flight(world, tmp_path):
+def test_mid_run_checkpoint_of_odsgd_completes_the_update_in_flight(world, tmp_path, closer):
     d = shared_dir(world, tmp_path)
-    topo = Topology.create(world)
-    a = make_trainer(topo, algorithm="odsgd", algorithm_options={"warmup_steps": 1})
+    topo = closer(Topology.create(world))
+    a = closer(make_trainer(topo, algorithm="odsgd", algorithm_options={"warmup_steps": 1}))
     saver = ck.Checkpointer(world, d, steps_per_epoch=4, global_batch=8, config={})
     for s in range(3):
         a.step(*batch(world.Get_rank(), s))
     with pytest.raises(RuntimeError, match="in flight"):
         a.state_dict()                            # past warm-up: a global update is in flight
     saver.save(a)
-    b = make_trainer(topo, seed=5, algorithm="odsgd", algorithm_options={"warmup_steps": 1})
+    b = closer(make_trainer(topo, seed=5, algorithm="odsgd", algorithm_options={"warmup_steps": 1}))
     ck.Checkpointer(world, d, steps_per_epoch=4, global_batch=8, config={}).resume(b, "auto")
     assert all(torch.equal(x, y) for x, y in zip(a.model.parameters(), b.model.parameters()))
     for s in range(3, 5):                         # both go on from the same synchronised point
@@ -98,30 +95,24 @@ def test_mid_run_checkpoint_of_odsgd_completes_the_update_in_flight(world, tmp_p
         b.step(*batch(world.Get_rank(), s))
     a.finish(), b.finish()
     assert all(torch.equal(x, y) for x, y in zip(a.model.parameters(), b.model.parameters()))
-    for t in (a, b):
-        t.close()
-    topo.close()
 
 
 @pytest.mark.mpi(min_size=2)
-def test_resume_refuses_another_model_on_every_rank(world, tmp_path):
+def test_resume_refuses_another_model_on_every_rank(world, tmp_path, closer):
     d = shared_dir(world, tmp_path)
-    topo = Topology.create(world)
-    a = make_trainer(topo)
+    topo = closer(Topology.create(world))
+    a = closer(make_trainer(topo))
     ck.Checkpointer(world, d, steps_per_epoch=3, global_batch=8, config={}).save(a)
-    b = make_trainer(topo, width=6)
+    b = closer(make_trainer(topo, width=6))
     with pytest.raises(UserError, match=r"was written for a different model: this run has '0.weight \(6, 4\)"):
         ck.Checkpointer(world, d, steps_per_epoch=3, global_batch=8, config={}).resume(b, "auto")
-    for t in (a, b):
-        t.close()
-    topo.close()
 
 
 @pytest.mark.mpi(min_size=2)
-def test_resume_auto_skips_corrupt_newest_and_explicit_bad_path_fails(world, tmp_path):
+def test_resume_auto_skips_corrupt_newest_and_explicit_bad_path_fails(world, tmp_path, closer):
     d = shared_dir(world, tmp_path)
-    topo = Topology.create(world)
-    a = make_trainer(topo)
+    topo = closer(Topology.create(world))
+    a = closer(make_trainer(topo))
     saver = ck.Checkpointer(world, d, steps_per_epoch=10, global_batch=8, config={}, keep=5)
     a.step(*batch(0, 0))
     good = saver.save(a)
@@ -132,16 +123,13 @@ def test_resume_auto_skips_corrupt_newest_and_explicit_bad_path_fails(world, tmp
             fh.seek(-3, os.SEEK_END)
             fh.write(b"xyz")
     world.Barrier()
-    b = make_trainer(topo, seed=3)
+    b = closer(make_trainer(topo, seed=3))
     pos = ck.Checkpointer(world, d, steps_per_epoch=10, global_batch=8, config={}).resume(b, "auto")
     assert pos.step == 1 and b.step_count == 1
     with pytest.raises(UserError, match="SHA-256 mismatch"):
         ck.Checkpointer(world, d, steps_per_epoch=10, global_batch=8, config={}).resume(b, bad)
     assert ck.Checkpointer(world, d + "/none", steps_per_epoch=10, global_batch=8, config={}).resume(b, "auto") is None
     assert good.endswith(ck.checkpoint_name(1))
-    for t in (a, b):
-        t.close()
-    topo.close()
 
 
 @pytest.mark.mpi(min_size=2)

@@ -5,6 +5,7 @@
 """
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -71,31 +72,28 @@ def test_rank_that_failed_earlier_meets_the_check_without_a_hang(world):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_stop_signal_is_agreed_at_the_same_step(world):
-    stop = StopSignal(world)
-    try:
-        sender, sent_at = world.Get_size() - 1, 3
-        seen = None
-        for i in range(20):
-            if world.Get_rank() == sender and i == sent_at:
-                os.kill(os.getpid(), signal.SIGUSR1)
-            if stop.poll():
-                seen = i
-                break
-        assert stop.name == "SIGUSR1"
-        # every rank stops at the same poll, one or two polls after the signal (pipelined agreement)
-        assert set(world.allgather(seen)) == {seen} and sent_at + 1 <= seen <= sent_at + 2
-        assert stop.local == (signal.SIGUSR1 if world.Get_rank() == sender else 0)
-    finally:
-        stop.close()
+def test_stop_signal_is_agreed_at_the_same_step(world, closer):
+    stop = closer(StopSignal(world))
+    sender, sent_at = world.Get_size() - 1, 3
+    seen = None
+    for i in range(20):
+        if world.Get_rank() == sender and i == sent_at:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        if stop.poll():
+            seen = i
+            break
+    assert stop.name == "SIGUSR1"
+    # every rank stops at the same poll, one or two polls after the signal (pipelined agreement)
+    assert set(world.allgather(seen)) == {seen} and sent_at + 1 <= seen <= sent_at + 2
+    assert stop.local == (signal.SIGUSR1 if world.Get_rank() == sender else 0)
+    stop.close()                                                      # under test: restores the handler
     assert signal.getsignal(signal.SIGUSR1) is not stop._handler     # handler restored
 
 
 @pytest.mark.mpi(min_size=2)
-def test_no_signal_no_stop(world):
-    stop = StopSignal(world)
+def test_no_signal_no_stop(world, closer):
+    stop = closer(StopSignal(world))                                  # close completes the request in flight
     assert not any(stop.poll() for _ in range(10))
-    stop.close()                                                      # completes the request in flight
 
 
 def test_describe_stall_and_rank_ranges():
@@ -112,9 +110,9 @@ def test_describe_stall_and_rank_ranges():
 
 
 @pytest.mark.mpi(min_size=2)
-def test_watchdog_names_the_late_rank(world):
+def test_watchdog_names_the_late_rank(world, closer):
     reports = []
-    wd = Watchdog(world, timeout_s=0.4, report=reports.append, poll_s=0.05)
+    wd = closer(Watchdog(world, timeout_s=0.4, report=reports.append, poll_s=0.05))
     late = world.Get_size() - 1
     for step in range(2):
         wd.step(step)
@@ -123,7 +121,7 @@ def test_watchdog_names_the_late_rank(world):
             time.sleep(1.5)                       # this rank is slow before backward; the others wait
         wd("backward", 0.0, 0.0)
         world.Barrier()                           # "the gradient allreduce"
-    wd.close()
+    wd.close()                                    # stops the watching thread: reports are final
     if world.Get_rank() == 0:
         assert reports, "no stall reported"
         others = compress_ranks([r for r in range(world.Get_size()) if r != late])
@@ -135,21 +133,31 @@ def test_watchdog_names_the_late_rank(world):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_watchdog_quiet_when_steps_progress(world):
+def test_watchdog_quiet_when_steps_progress(world, closer):
     reports = []
-    wd = Watchdog(world, timeout_s=0.5, report=reports.append, poll_s=0.05)
+    wd = closer(Watchdog(world, timeout_s=0.5, report=reports.append, poll_s=0.05))
     for step in range(20):
         wd.step(step)
         wd("forward", 0.0, 0.0)
         time.sleep(0.02)
         world.Barrier()
-    wd.close()
+    wd.close()                                    # stops the watching thread: reports are final
     assert reports == []
 
 
 @pytest.mark.mpi(min_size=2)
-def test_watchdog_window_is_freed(world):
-    before = MPI.Comm.Get_size(world)
+def test_watchdog_window_is_freed(world, closer):
+    handles = []
     for _ in range(3):                            # repeated set-up/tear-down must not leak or hang
-        Watchdog(world, timeout_s=10).close()
-    assert MPI.Comm.Get_size(world) == before
+        wd = closer(Watchdog(world, timeout_s=10))
+        assert wd.win != MPI.WIN_NULL and wd.comm != MPI.COMM_NULL
+        assert MPI.Comm.Compare(wd.comm, world) == MPI.CONGRUENT      # its own duplicate of world
+        handles.append((wd.comm.py2f(), wd.win.py2f()))
+        wd.close()
+        assert wd.win == MPI.WIN_NULL, "close() did not free the window"
+        assert wd.comm == MPI.COMM_NULL, "close() did not free the duplicated communicator"
+        assert not [t for t in threading.enumerate() if t.name == "hpctrain-watchdog"]   # thread stopped
+        wd.close()                                # a second close is a no-op (no Barrier/Free on null)
+        assert wd.win == MPI.WIN_NULL and wd.comm == MPI.COMM_NULL
+    # MPI hands a freed handle slot to the next Dup/Allocate; a leak would take a new one every round
+    assert all(c <= handles[0][0] and w <= handles[0][1] for c, w in handles), handles
