@@ -2,9 +2,15 @@
 
 Under ``mpiexec … pytest --only-mpi`` each rank runs the whole session and pytest-mpi lets rank 0's
 exit code hide a failure on another rank; :func:`pytest_sessionfinish` gathers every rank's failure
-count so all ranks exit non-zero when any failed.
+count so all ranks exit non-zero when any failed. A rank's failure is printed the moment it happens
+(:func:`pytest_runtest_logreport`), each line prefixed ``[rank R]``: when the other ranks then hang
+in a collective until the timeout ends the job, the cause is already on the screen. Resources a
+test opens go through the :func:`closer` fixture, so they are freed in teardown even when an
+assertion fails (a leaked communicator or window would otherwise change later tests).
 """
+import contextlib
 import os
+import sys
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -31,6 +37,18 @@ def pytest_configure(config):
         config.option.verbose = -1   # one summary per rank, but keep other ranks terse
 
 
+def pytest_runtest_logreport(report):
+    if not report.failed:
+        return
+    comm = _world()
+    if comm is None or comm.Get_size() == 1:
+        return
+    rank = comm.Get_rank()
+    text = f"{report.nodeid} FAILED in {report.when}\n{report.longreprtext}"
+    sys.stderr.write("".join(f"[rank {rank}] {line}\n" for line in text.splitlines()))
+    sys.stderr.flush()
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session, exitstatus):
     comm = _world()
@@ -42,6 +60,20 @@ def pytest_sessionfinish(session, exitstatus):
         if comm.Get_rank() == 0:
             print(f"\nMPI test run failed on rank(s) {bad}")
         session.exitstatus = 1
+
+
+@pytest.fixture
+def closer():
+    """``closer(obj)`` returns ``obj`` and calls ``obj.close()`` in teardown, newest first.
+
+    Teardown runs whether or not the test's assertions passed, on every rank, so collective
+    ``close`` methods (communicators, windows, ``mpio`` files) stay matched across ranks.
+    """
+    with contextlib.ExitStack() as stack:
+        def register(obj):
+            stack.callback(obj.close)
+            return obj
+        yield register
 
 
 @pytest.fixture
