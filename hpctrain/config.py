@@ -4,41 +4,90 @@ Precedence: dataclass defaults < TOML file (``--config``) < ``--set section.key=
 flags (``--epochs``…). Every field carries a one-line help text (``help_text``); ``--help`` lists
 them all. Bad values raise :class:`ConfigError` whose message names the field — the entry point
 prints it as one line on rank 0 and every rank exits with status 2.
+
+Numbers: every int and float field carries a :class:`Range` (shown by ``--help``); NaN and ±inf
+are refused for every float field when the value is read (``_coerce``), the range by
+:func:`validate`. Choice fields name their registry (``choices="hpctrain.comm:STRATEGIES"``), which
+:func:`validate` imports, so a strategy, compression, schedule… added there is accepted here
+without re-typing the list (the registries pull in torch and MPI, hence the lazy import).
 """
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import math
+import os
 import tomllib
 import typing
 from dataclasses import dataclass, field
+
+INF = math.inf
 
 
 class ConfigError(ValueError):
     """A configuration value is wrong; the message names the field (``section.key``)."""
 
 
-def opt(default, help: str, **kw):
-    """A dataclass field with a help text for ``--help``."""
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric field accepts: ``lo``..``hi``, each end closed unless marked open."""
+    lo: float
+    hi: float
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def __contains__(self, x) -> bool:
+        above = x > self.lo if self.lo_open else x >= self.lo
+        below = x < self.hi if self.hi_open else x <= self.hi
+        return above and below
+
+    def describe(self) -> str:
+        """``positive``, ``>= 0`` or ``in [lo, hi)`` (what follows "must be" in an error)."""
+        if self.hi == INF and self.lo == 0:
+            return "positive" if self.lo_open else ">= 0"
+        if self.hi == INF:
+            return f"{'>' if self.lo_open else '>='} {_num(self.lo)}"
+        return f"in {'(' if self.lo_open else '['}{_num(self.lo)}, {_num(self.hi)}{')' if self.hi_open else ']'}"
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e16 else f"{x:g}"
+
+
+POSITIVE, NON_NEGATIVE, FRACTION = Range(0, INF, lo_open=True), Range(0, INF), Range(0, 1, hi_open=True)
+LR = Range(0, 1e3, lo_open=True)
+# = LossScaler's default min_scale / max_scale (tests/unit/test_config.py checks they agree): a
+# scale of at most 2**24 keeps loss * scale and the scaled gradients finite in fp32, and fp16
+# overflows back off from there.
+LOSS_SCALE = Range(1.0, 2.0 ** 24)
+
+
+def opt(default, help: str, *, range: Range | None = None, choices=None, **kw):
+    """A dataclass field with a help text for ``--help``; numeric fields give their ``range``,
+    choice fields their ``choices`` (a tuple, or ``"module:NAME"`` of the registry to check)."""
+    meta = {"help": help, "range": range, "choices": choices}
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kw)
-    return field(default=default, metadata={"help": help}, **kw)
+        return field(default_factory=lambda: type(default)(default), metadata=meta, **kw)
+    return field(default=default, metadata=meta, **kw)
 
 
 @dataclass
 class DataConfig:
     dataset: str = opt("digits", "'digits' (bundled scikit-learn digits, converted on first use) or a shard directory")
     cache_dir: str = opt("~/.cache/hpctrain", "where built-in datasets are converted to shards")
-    block_size: int = opt(32, "samples per contiguous block in the per-epoch shuffle plan")
-    shuffle_window: int = opt(1024, "samples shuffled together in memory after contiguous reads")
-    prefetch: int = opt(2, "batches prepared ahead by the background reader")
+    block_size: int = opt(32, "samples per contiguous block in the per-epoch shuffle plan", range=POSITIVE)
+    shuffle_window: int = opt(1024, "samples shuffled together in memory after contiguous reads",
+                              range=NON_NEGATIVE)
+    prefetch: int = opt(2, "batches prepared ahead by the background reader", range=NON_NEGATIVE)
     augment: bool = opt(False, "train-time augmentation (pad-crop, flip)")
     drop_last: bool = opt(True, "drop the last partial global batch of an epoch")
-    augment_kind: str = opt("auto", "augmentation: auto (padcrop up to 64 px, rrc above) | padcrop | rrc | flip")
+    augment_kind: str = opt("auto", "augmentation: auto (padcrop up to 64 px, rrc above) | padcrop | rrc | flip",
+                            choices="hpctrain.data.augment:KINDS")
     augment_flip: bool = opt(True, "random horizontal flips in the augmentation (off for digits, text)")
     reader: str = opt("rank", "rank: each rank reads its batches | node: one reader per node fills an MPI-3 "
-                              "shared-memory window")
+                              "shared-memory window", choices="hpctrain.data.factory:READERS")
     hdf5_driver: str = opt("auto", "auto (parallel HDF5 'mpio' when h5py has MPI) | mpio | serial (per-shard "
-                                   "files, pread of contiguous datasets)")
+                                   "files, pread of contiguous datasets)", choices="hpctrain.data.hdf5:DRIVERS")
 
 
 @dataclass
@@ -50,76 +99,84 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
-    epochs: int = opt(12, "training epochs")
-    batch_size: int = opt(64, "GLOBAL batch size (split evenly over ranks)")
-    seed: int = opt(0, "seed for initialisation and the data plan (same on every rank)")
-    threads: int = opt(1, "torch intra-op threads per rank")
-    eval_every: int = opt(0, "evaluate every N epochs (0: only at the end)")
-    max_steps: int = opt(0, "stop after this many optimiser steps (0: no limit)")
+    epochs: int = opt(12, "training epochs", range=POSITIVE)
+    batch_size: int = opt(64, "GLOBAL batch size (split evenly over ranks)", range=POSITIVE)
+    seed: int = opt(0, "seed for initialisation and the data plan (same on every rank)", range=Range(0, 2**32 - 1))
+    threads: int = opt(1, "torch intra-op threads per rank", range=POSITIVE)
+    eval_every: int = opt(0, "evaluate every N epochs (0: only at the end)", range=NON_NEGATIVE)
+    max_steps: int = opt(0, "stop after this many optimiser steps (0: no limit)", range=NON_NEGATIVE)
 
 
 @dataclass
 class OptimConfig:
-    name: str = opt("sgd", "optimiser: sgd | lars")
-    lr: float = opt(0.4, "base learning rate at base_batch (linear scaling rule applied if scale_lr)")
-    base_batch: int = opt(256, "batch size at which lr is given")
+    name: str = opt("sgd", "optimiser: sgd | lars", choices=("sgd", "lars"))
+    lr: float = opt(0.4, "base learning rate at base_batch (linear scaling rule applied if scale_lr)", range=LR)
+    base_batch: int = opt(256, "batch size at which lr is given", range=POSITIVE)
     scale_lr: bool = opt(True, "linear scaling rule: lr * global_batch / base_batch")
-    momentum: float = opt(0.9, "momentum")
-    weight_decay: float = opt(1e-4, "weight decay (never on BN/bias when exclusion is on)")
+    momentum: float = opt(0.9, "momentum", range=FRACTION)
+    weight_decay: float = opt(1e-4, "weight decay (never on BN/bias when exclusion is on)", range=Range(0, 1))
     nesterov: bool = opt(False, "Nesterov momentum")
-    schedule: str = opt("cosine", "decay after warmup: constant | step | cosine | poly")
-    warmup: str = opt("linear", "warmup: none | linear | hybrid")
-    warmup_epochs: float = opt(1.0, "warmup length in epochs")
-    hybrid_hold_epochs: float = opt(-1.0, "hybrid warmup: epochs held at the peak after warmup (<0: = warmup_epochs)")
-    poly_power: float = opt(2.0, "power of the polynomial decay")
-    end_lr: float = opt(1e-4, "final learning rate of poly/cosine decay")
-    step_epochs: list = opt([], "epochs at which step decay multiplies lr by step_gamma")
-    step_gamma: float = opt(0.1, "step decay factor")
-    label_smoothing: float = opt(0.0, "label smoothing of the cross-entropy loss")
-    lars_eta: float = opt(0.001, "LARS trust coefficient eta")
-    lars_eps: float = opt(1e-9, "LARS epsilon in the trust ratio denominator")
+    schedule: str = opt("cosine", "decay after warmup: constant | step | cosine | poly",
+                        choices="hpctrain.optim.schedules:KINDS")
+    warmup: str = opt("linear", "warmup: none | linear | hybrid", choices="hpctrain.optim.schedules:WARMUPS")
+    warmup_epochs: float = opt(1.0, "warmup length in epochs", range=Range(0, 1e5))
+    hybrid_hold_epochs: float = opt(-1.0, "hybrid warmup: epochs held at the peak after warmup (<0: = warmup_epochs)",
+                                    range=Range(-1, 1e5))
+    poly_power: float = opt(2.0, "power of the polynomial decay", range=Range(0, 100, lo_open=True))
+    end_lr: float = opt(1e-4, "final learning rate of poly/cosine decay", range=Range(0, 1e3))
+    step_epochs: list = opt([], "epochs at which step decay multiplies lr by step_gamma", range=Range(0, 1e5))
+    step_gamma: float = opt(0.1, "step decay factor", range=Range(0, 1, lo_open=True))
+    label_smoothing: float = opt(0.0, "label smoothing of the cross-entropy loss", range=FRACTION)
+    lars_eta: float = opt(0.001, "LARS trust coefficient eta", range=Range(0, 1, lo_open=True))
+    lars_eps: float = opt(1e-9, "LARS epsilon in the trust ratio denominator", range=Range(0, 1))
     lars_exclude_1d: bool = opt(True, "exclude 1-D parameters (BN, bias) from LARS and weight decay")
     lars_clip: bool = opt(False, "LARC-style clipping of the trust ratio")
 
 
 @dataclass
 class CommConfig:
-    strategy: str = opt("flat", "gradient allreduce strategy (see README table)")
-    compression: str = opt("none", "wire compression: none | fp16")
-    ranks_per_node: int = opt(0, "emulate K ranks per node (0: real nodes via COMM_TYPE_SHARED)")
-    bucket_mb: float = opt(25.0, "fusion bucket size in MB")
+    strategy: str = opt("flat", "gradient allreduce strategy (see README table)", choices="hpctrain.comm:STRATEGIES")
+    compression: str = opt("none", "wire compression: none | fp16", choices="hpctrain.comm:COMPRESSIONS")
+    ranks_per_node: int = opt(0, "emulate K ranks per node (0: real nodes via COMM_TYPE_SHARED)", range=NON_NEGATIVE)
+    bucket_mb: float = opt(25.0, "fusion bucket size in MB", range=Range(0, 65536, lo_open=True))
     overlap: bool = opt(False, "start bucket allreduces during backward")
 
 
 @dataclass
 class SyncConfig:
-    algorithm: str = opt("ssgd", "update algorithm: ssgd (synchronous) | odsgd (one-step delay)")
-    odsgd_warmup_steps: int = opt(200, "OD-SGD: plain SSGD for the first N steps")
-    odsgd_local_lr: float = opt(0.0, "OD-SGD: lr of the local compensating update (0: the global lr)")
-    odsgd_local_momentum: float = opt(0.0, "OD-SGD: momentum of the local optimiser (0: stateless W - lr*g)")
-    odsgd_dc_lambda: float = opt(0.0, "OD-SGD: DC-ASGD delay-compensation strength (0: off)")
-    comm_delay_ms: float = opt(0.0, "inject this latency into every gradient allreduce (testing)")
+    algorithm: str = opt("ssgd", "update algorithm: ssgd (synchronous) | odsgd (one-step delay)",
+                         choices="hpctrain.sync:ALGORITHMS")
+    odsgd_warmup_steps: int = opt(200, "OD-SGD: plain SSGD for the first N steps", range=NON_NEGATIVE)
+    odsgd_local_lr: float = opt(0.0, "OD-SGD: lr of the local compensating update (0: the global lr)",
+                                range=Range(0, 1e3))
+    odsgd_local_momentum: float = opt(0.0, "OD-SGD: momentum of the local optimiser (0: stateless W - lr*g)",
+                                      range=FRACTION)
+    odsgd_dc_lambda: float = opt(0.0, "OD-SGD: DC-ASGD delay-compensation strength (0: off)", range=Range(0, 1e3))
+    comm_delay_ms: float = opt(0.0, "inject this latency into every gradient allreduce (testing)",
+                               range=Range(0, 60000))
 
 
 @dataclass
 class PrecisionConfig:
-    compute: str = opt("fp32", "compute precision: fp32 | bf16 | fp16 (autocast where supported)")
-    loss_scale: str = opt("none", "loss scaling: none | dynamic | a fixed number")
-    init_scale: float = opt(65536.0, "initial dynamic loss scale")
-    growth_interval: int = opt(2000, "double the dynamic scale after this many clean steps")
+    compute: str = opt("fp32", "compute precision: fp32 | bf16 | fp16 (autocast where supported)",
+                       choices="hpctrain.trainer:AUTOCAST_DTYPES")
+    loss_scale: str = opt("none", "loss scaling: none | dynamic | a fixed number", range=LOSS_SCALE)
+    init_scale: float = opt(65536.0, "initial dynamic loss scale", range=LOSS_SCALE)
+    growth_interval: int = opt(2000, "double the dynamic scale after this many clean steps", range=POSITIVE)
 
 
 @dataclass
 class PolishConfig:
     bn_recompute: bool = opt(False, "Final Polishing: recompute BN statistics on un-augmented training data")
-    bn_batches: int = opt(0, "batches per rank for the BN recompute (0: one full epoch)")
-    unaugmented_epochs: int = opt(0, "Final Polishing: train the last N epochs without augmentation")
+    bn_batches: int = opt(0, "batches per rank for the BN recompute (0: one full epoch)", range=NON_NEGATIVE)
+    unaugmented_epochs: int = opt(0, "Final Polishing: train the last N epochs without augmentation",
+                                  range=NON_NEGATIVE)
 
 
 @dataclass
 class CheckpointConfig:
-    every_steps: int = opt(0, "write a checkpoint every N steps (0: only at the end / on signal)")
-    keep: int = opt(3, "checkpoints kept")
+    every_steps: int = opt(0, "write a checkpoint every N steps (0: only at the end / on signal)", range=NON_NEGATIVE)
+    keep: int = opt(3, "checkpoints kept", range=Range(1, INF))
     dir: str = opt("", "checkpoint directory (default RUN_DIR/checkpoints)")
     resume: str = opt("", "'auto' (newest valid checkpoint), a checkpoint path, or '' (fresh start)")
 
@@ -129,7 +186,8 @@ class RunConfig:
     run_dir: str = opt("runs/latest", "directory for metrics.jsonl, timeline and checkpoints")
     progress: bool = opt(True, "tqdm progress bar on rank 0")
     timeline: bool = opt(False, "write a Chrome-trace timeline of every rank's phases")
-    watchdog_s: float = opt(0.0, "report ranks that have not reached a collective after N s (0: off)")
+    watchdog_s: float = opt(0.0, "report ranks that have not reached a collective after N s (0: off)",
+                            range=Range(0, 86400))
 
 
 @dataclass
@@ -156,20 +214,40 @@ def sections(cfg: Config):
 
 
 def help_text(cfg: Config | None = None) -> str:
-    """All keys with type, default and help, for ``--help``."""
+    """All keys with type, default, help and range, for ``--help``."""
     cfg = cfg or Config()
     lines = []
     for name, sec in sections(cfg):
         for f in dataclasses.fields(sec):
             default = getattr(sec, f.name)
-            lines.append(f"  {name}.{f.name} = {default!r}\n      {f.metadata.get('help', '')}")
+            rng = f.metadata.get("range")
+            extra = f" (must be {rng.describe()})" if rng is not None else ""
+            lines.append(f"  {name}.{f.name} = {default!r}\n      {f.metadata.get('help', '')}{extra}")
     return "\n".join(lines)
 
 
+def _finite(x: float) -> float:
+    if not math.isfinite(x):
+        raise ValueError
+    return x
+
+
+def _number(v):
+    """A list element: an int or a finite float (not a bool)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError
+    return v if isinstance(v, int) else _finite(v)
+
+
 def _coerce(key: str, value, target_type):
-    """Convert a TOML or string value to the field's type, or raise ConfigError naming the key."""
+    """Convert a TOML or string value to the field's type, or raise ConfigError naming the key.
+
+    Floats must be finite: NaN and ±inf (``inf``, ``nan``, ``1e400``) are refused here, for every
+    float field, before any range check.
+    """
     tname = target_type if isinstance(target_type, str) else getattr(target_type, "__name__", str(target_type))
     tname = tname.split("[")[0]
+    given = value
     try:
         if tname == "bool":
             if isinstance(value, bool):
@@ -186,18 +264,19 @@ def _coerce(key: str, value, target_type):
         if tname == "float":
             if isinstance(value, bool):
                 raise ValueError
-            return float(value)
+            return _finite(float(value))
         if tname == "list":
             if isinstance(value, str):
                 value = [v for v in value.split(",") if v.strip()]
-                return [float(v) if "." in v else int(v) for v in value]
-            return list(value)
+                value = [float(v) if "." in v else int(v) for v in value]
+            return [_number(v) for v in value]
         if tname == "str":
             if not isinstance(value, str):
                 raise ValueError
             return value
-    except (TypeError, ValueError):
-        raise ConfigError(f"config {key}: expected {tname}, got {value!r}") from None
+    except (TypeError, ValueError, OverflowError):
+        want = {"float": "a finite float", "list": "a list of finite numbers"}.get(tname, tname)
+        raise ConfigError(f"config {key}: expected {want}, got {given!r}") from None
     return value
 
 
@@ -219,6 +298,11 @@ def load_toml(cfg: Config, path: str) -> None:
             doc = tomllib.load(fh)
     except FileNotFoundError:
         raise ConfigError(f"config file {path}: not found") from None
+    except OSError as exc:                        # a directory, no permission, an I/O error
+        raise ConfigError(f"config file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:             # TOML is UTF-8 by definition
+        raise ConfigError(f"config file {path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} "
+                          f"at offset {exc.start})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path}: {exc}") from None
     for section, table in doc.items():
@@ -228,52 +312,68 @@ def load_toml(cfg: Config, path: str) -> None:
             set_value(cfg, f"{section}.{key}", value)
 
 
+def registry(choices) -> tuple:
+    """The accepted names of a choice field: the tuple itself, or the keys of ``"module:NAME"``."""
+    if isinstance(choices, str):
+        module, _, name = choices.partition(":")
+        choices = getattr(importlib.import_module(module), name)
+    return tuple(choices)
+
+
+def field_problem(f: dataclasses.Field, value) -> str | None:
+    """What is wrong with ``value`` for field ``f`` (its range or choices), or None.
+
+    A range refuses NaN and ±inf by itself (every comparison with NaN is false; every float range
+    has finite ends), so a non-finite value set in code, past ``_coerce``, is caught here too.
+    """
+    rng, choices = f.metadata.get("range"), f.metadata.get("choices")
+    if f.name == "loss_scale":                 # precision.loss_scale: a word or a number
+        if value in ("none", "dynamic"):
+            return None
+        try:
+            ok = float(value) in rng
+        except ValueError:
+            ok = False
+        return None if ok else f"must be none, dynamic or a number {rng.describe()}, got {value!r}"
+    if choices is not None:
+        allowed = registry(choices)
+        return None if value in allowed else f"must be one of {' | '.join(allowed)}, got {value!r}"
+    for x in (value if isinstance(value, list) else [value]) if rng is not None else ():
+        if x not in rng:
+            return f"must be {rng.describe()}, got {x!r}"
+    return None
+
+
+def dir_problem(path: str) -> str | None:
+    """Why ``path`` cannot be used (or created) as a directory, or None."""
+    p = os.path.abspath(path)
+    probe = p
+    while not os.path.lexists(probe):         # the nearest existing ancestor decides
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            return None
+        probe = parent
+    if os.path.isdir(probe):
+        return None
+    if probe == p:
+        return f"{path} exists and is not a directory"
+    return f"{path}: {probe} is not a directory"
+
+
 def validate(cfg: Config, world_size: int = 1) -> None:
-    """Check values that would otherwise fail later, on some ranks, with a traceback."""
-    t, o, c, d, p = cfg.train, cfg.optim, cfg.comm, cfg.data, cfg.precision
+    """Check values that would otherwise fail later, on some ranks, with a traceback (or train on
+    NaN): every field's range or choices, then what depends on several fields or the file system."""
+    for name, sec in sections(cfg):
+        for f in dataclasses.fields(sec):
+            problem = field_problem(f, getattr(sec, f.name))
+            if problem:
+                raise ConfigError(f"config {name}.{f.name}: {problem}")
     checks = [
-        (o.name in ("sgd", "lars"), "optim.name", f"must be sgd or lars, got {o.name!r}"),
-        (o.schedule in ("constant", "step", "cosine", "poly"), "optim.schedule",
-         f"must be constant, step, cosine or poly, got {o.schedule!r}"),
-        (o.warmup in ("none", "linear", "hybrid"), "optim.warmup", f"must be none, linear or hybrid, got {o.warmup!r}"),
-        (c.compression in ("none", "fp16"), "comm.compression", f"must be none or fp16, got {c.compression!r}"),
-        (cfg.sync.algorithm in ("ssgd", "odsgd"), "sync.algorithm", f"must be ssgd or odsgd, got {cfg.sync.algorithm!r}"),
-        (cfg.sync.odsgd_warmup_steps >= 0, "sync.odsgd_warmup_steps", f"must be >= 0, got {cfg.sync.odsgd_warmup_steps}"),
-        (cfg.sync.odsgd_local_lr >= 0, "sync.odsgd_local_lr", f"must be >= 0, got {cfg.sync.odsgd_local_lr}"),
-        (0 <= cfg.sync.odsgd_local_momentum < 1, "sync.odsgd_local_momentum",
-         f"must be in [0, 1), got {cfg.sync.odsgd_local_momentum}"),
-        (cfg.sync.odsgd_dc_lambda >= 0, "sync.odsgd_dc_lambda", f"must be >= 0, got {cfg.sync.odsgd_dc_lambda}"),
-        (cfg.sync.comm_delay_ms >= 0, "sync.comm_delay_ms", f"must be >= 0, got {cfg.sync.comm_delay_ms}"),
-        (p.compute in ("fp32", "bf16", "fp16"), "precision.compute", f"must be fp32, bf16 or fp16, got {p.compute!r}"),
-        (p.loss_scale in ("none", "dynamic") or _is_number(p.loss_scale), "precision.loss_scale",
-         f"must be none, dynamic or a number, got {p.loss_scale!r}"),
-        (cfg.ckpt.every_steps >= 0, "ckpt.every_steps", f"must be >= 0, got {cfg.ckpt.every_steps}"),
-        (cfg.ckpt.keep >= 1, "ckpt.keep", f"must be >= 1, got {cfg.ckpt.keep}"),
-        (t.batch_size > 0, "train.batch_size", f"must be positive, got {t.batch_size}"),
-        (t.batch_size % world_size == 0, "train.batch_size",
-         f"global batch {t.batch_size} is not divisible by {world_size} ranks"),
-        (t.epochs > 0, "train.epochs", f"must be positive, got {t.epochs}"),
-        (t.threads > 0, "train.threads", f"must be positive, got {t.threads}"),
-        (t.max_steps >= 0, "train.max_steps", f"must be >= 0, got {t.max_steps}"),
-        (o.lr > 0, "optim.lr", f"must be positive, got {o.lr}"),
-        (o.base_batch > 0, "optim.base_batch", f"must be positive, got {o.base_batch}"),
-        (0 <= o.momentum < 1, "optim.momentum", f"must be in [0, 1), got {o.momentum}"),
-        (o.weight_decay >= 0, "optim.weight_decay", f"must be >= 0, got {o.weight_decay}"),
-        (o.warmup_epochs >= 0, "optim.warmup_epochs", f"must be >= 0, got {o.warmup_epochs}"),
-        (0 <= o.label_smoothing < 1, "optim.label_smoothing", f"must be in [0, 1), got {o.label_smoothing}"),
-        (c.ranks_per_node >= 0, "comm.ranks_per_node", f"must be >= 0, got {c.ranks_per_node}"),
-        (c.bucket_mb > 0, "comm.bucket_mb", f"must be positive, got {c.bucket_mb}"),
-        (d.block_size > 0, "data.block_size", f"must be positive, got {d.block_size}"),
-        (d.prefetch >= 0, "data.prefetch", f"must be >= 0, got {d.prefetch}"),
-        (d.shuffle_window >= 0, "data.shuffle_window", f"must be >= 0, got {d.shuffle_window}"),
+        (cfg.train.batch_size % world_size == 0, "train.batch_size",
+         f"global batch {cfg.train.batch_size} is not divisible by {world_size} ranks"),
+        (not dir_problem(cfg.run.run_dir), "run.run_dir", dir_problem(cfg.run.run_dir)),
+        (not cfg.ckpt.dir or not dir_problem(cfg.ckpt.dir), "ckpt.dir", cfg.ckpt.dir and dir_problem(cfg.ckpt.dir)),
     ]
     for ok, key, msg in checks:
         if not ok:
             raise ConfigError(f"config {key}: {msg}")
-
-
-def _is_number(text: str) -> bool:
-    try:
-        return float(text) > 0
-    except ValueError:
-        return False

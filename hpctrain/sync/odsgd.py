@@ -24,7 +24,11 @@ Step t, in this order:
    waits for get to run; measured at -n 4 on 2 cores: the wait fell from ~50 ms to ~1 ms); global
    update W_t = opt(W_{t-1}, ḡ_{t-1}) with the real optimiser (SGD/LARS, momentum, weight decay)
    at step t-1's learning rates (span "optimizer"). With loss scaling, an overflow of ḡ_{t-1}
-   skips this update on every rank and backs the scale off.
+   skips this update on every rank and backs the scale off. Without, the overflow is handled
+   as SSGD's (:class:`~hpctrain.sync.ssgd.NonFiniteGuard`, naming step t-1): this rank's own
+   verdict is its loss of step t-1 and ŵ_t = W_{t-1} - η_l·g_{t-1}^k, finite exactly when its
+   gradient was; W_t is checked after the update. So a NaN is stopped one step later than
+   under SSGD, when the delayed mean arrives — the algorithm's delay, no extra check.
 3. optional delay compensation (DC-ASGD, Zheng et al., ICML 2017, arXiv:1609.08326):
    g_t^k <- g_t^k + λ·g_t^k⊙g_t^k⊙(W_t - ŵ_t^k), a first-order estimate of the gradient at W_t,
    where it is applied. (The sign is DC-ASGD's: weights where applied minus where computed.)
@@ -57,6 +61,7 @@ import torch
 
 from hpctrain.metrics import NULL_TIMER, StepTimer
 from hpctrain.optim.lars import LARS
+from hpctrain.optim.loss_scale import all_finite
 from hpctrain.sync.delay import poll_grad_sync, poll_reduction
 from hpctrain.sync.ssgd import SSGD, StepResult, agreed_overflow, unscale_grads_
 
@@ -64,10 +69,11 @@ from hpctrain.sync.ssgd import SSGD, StepResult, agreed_overflow, unscale_grads_
 class Round:
     """The allreduce in flight: what its global update needs besides the mean."""
 
-    __slots__ = ("lrs", "scale")
+    __slots__ = ("lrs", "scale", "step", "loss")
 
-    def __init__(self, lrs: list[float], scale: float):
+    def __init__(self, lrs: list[float], scale: float, step: int, loss: torch.Tensor):
         self.lrs, self.scale = lrs, scale      # step's lr per param group; loss scale of its backward
+        self.step, self.loss = step, loss      # its step index; this rank's loss there (diagnosis)
 
 
 @contextlib.contextmanager
@@ -118,7 +124,7 @@ class ODSGD:
         self.warmup_steps, self.local_lr = int(warmup_steps), float(local_lr)
         self.local_momentum, self.dc_lambda = float(local_momentum), float(dc_lambda)
         self.ssgd = SSGD(model, optimizer, grad_sync, scaler=scaler, timer=timer)
-        self.params = self.ssgd.params
+        self.params, self.guard = self.ssgd.params, self.ssgd.guard
         # Group *indices*: ``optimizer.load_state_dict`` replaces the group dicts.
         group_of = {id(p): i for i, g in enumerate(optimizer.param_groups) for p in g["params"]}
         self._group_index = [group_of.get(id(p)) for p in self.params]   # None: not optimised
@@ -147,6 +153,7 @@ class ODSGD:
     # --- the step ---------------------------------------------------------------------------------
     def step(self, compute_loss: Callable[[], torch.Tensor]) -> StepResult:
         if self.steps < self.warmup_steps:
+            self.ssgd.steps = self.steps
             self.steps += 1
             return self.ssgd.step(compute_loss)
         self._allocate()
@@ -164,7 +171,7 @@ class ODSGD:
                            [self.params[i].detach() for i in have], self.dc_lambda / scale)
         with self.timer.span("allreduce"):
             self.sync.begin()
-        self._round = Round([g["lr"] for g in self.optimizer.param_groups], scale)
+        self._round = Round([g["lr"] for g in self.optimizer.param_groups], scale, self.steps, loss.detach())
         with self.timer.span("local_update"):
             self._local_update(1.0 / scale)
         self.steps += 1
@@ -194,24 +201,28 @@ class ODSGD:
                 bucket.scatter_grads()               # finish(scatter=True) does in its span
         rnd, self._round = self._round, None
         swap_data_(self.params, self._store)
-        overflow = False
-        if self.scaler:
-            overflow = agreed_overflow(found_inf, self.params)
-            self.scaler.update(overflow)
+        overflow = agreed_overflow(found_inf, self.params)
+        try:
+            if self.scaler:
+                self.scaler.update(overflow)
+                if not overflow:
+                    unscale_grads_(self.params, 1.0 / rnd.scale)
+            elif overflow:          # raises, or a finite-gradient wire overflow: skipped
+                self.guard.overflow(rnd.step, rnd.loss, all_finite(self._store))   # _store: ŵ
             if not overflow:
-                unscale_grads_(self.params, 1.0 / rnd.scale)
-        if not overflow:
-            with self.timer.span("optimizer"), group_lrs(self.optimizer, rnd.lrs):
-                self.optimizer.step()
-        for p, g in zip(self.params, local_grads):
-            p.grad = g
+                with self.timer.span("optimizer"), group_lrs(self.optimizer, rnd.lrs):
+                    self.optimizer.step()
+                    self.guard.applied(rnd.step, self.params)
+        finally:
+            for p, g in zip(self.params, local_grads):
+                p.grad = g
         return overflow
 
     @torch.no_grad()
     def _local_update(self, inv_scale: float) -> None:
         """``_store`` <- W - η_l·u (u = g, or the local momentum), then swap it in as ŵ."""
         grads = [p.grad for p in self.params]
-        if self.scaler and not all(bool(g.isfinite().all()) for g in grads if g is not None):
+        if self.scaler and not all_finite(grads):
             for p, spare in zip(self.params, self._store):     # this rank's gradient overflowed:
                 spare.copy_(p)                                  # ŵ = W, no local step
             swap_data_(self.params, self._store)

@@ -60,3 +60,29 @@ def test_scaled_step_equals_unscaled_step():
         algo.sync.close()
     assert torch.allclose(results[0], results[1], rtol=0, atol=1e-14)
     topo.close()
+
+
+@pytest.mark.mpi
+def test_fp16_wire_overflow_with_a_scaler_backs_off_then_applies(closer):
+    """Gradient 100 scaled by 1024 overflows fp16 on the wire (NumPy says so); the scaler skips the
+    step on every rank and halves; at 512 the scaled mean fits and the update is w - lr*100."""
+    import numpy as np
+    comm = MPI.COMM_WORLD
+    if comm.Get_size() == 1:
+        pytest.skip("nothing crosses a wire on one rank")
+    with np.errstate(over="ignore"):
+        assert np.isinf(np.float16(100 * 1024.0)) and np.isfinite(np.float16(100 * 512.0))
+    topo = closer(Topology.create(comm))
+    model = torch.nn.Linear(70_000, 1, bias=False)          # > 64 KiB: the fp16 ring
+    comm_lib.broadcast_module(model, comm)
+    sync = closer(comm_lib.create("flat", model.parameters(), topo, compression="fp16"))
+    scaler = LossScaler(init_scale=1024.0, growth_interval=1000)
+    algo = SSGD(model, torch.optim.SGD(model.parameters(), lr=1e-3), sync, scaler=scaler)
+    w0 = model.weight.detach().clone()
+    r = algo.step(lambda: (model.weight * 100.0).sum())
+    assert all(comm.allgather(r.skipped)) and scaler.scale == 512.0 and torch.equal(model.weight, w0)
+    r = algo.step(lambda: (model.weight * 100.0).sum())
+    assert not any(comm.allgather(r.skipped)) and algo.guard.wire_skips == 0
+    size = comm.Get_size()
+    torch.testing.assert_close(model.weight.detach(), w0 - 1e-3 * 100.0, rtol=0,
+                               atol=1e-3 * 100.0 * (size + 1) * 2**-11 + 1e-7)

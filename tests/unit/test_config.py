@@ -1,12 +1,19 @@
-"""Configuration: defaults < TOML < --set < flags; bad values stop with one line naming the field."""
+"""Configuration: defaults < TOML < --set < flags; bad values stop with one line naming the field;
+every number finite and in its range; choice keys read from their registries."""
+import dataclasses
+import importlib
+import inspect
+import math
 import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from hpctrain.cli import config_from_args
-from hpctrain.config import ConfigError, validate
+from hpctrain.config import (LOSS_SCALE, Config, ConfigError, Range, load_toml, registry, sections, set_value,
+                             validate)
 
 
 def test_precedence(tmp_path):
@@ -58,3 +65,180 @@ def test_help_lists_every_key():
     assert r.returncode == 0
     for key in ("train.batch_size", "comm.strategy", "optim.warmup_epochs", "data.block_size"):
         assert key in r.stdout
+
+
+# --- numbers: every float finite and in range; choices read from the registries ---------------------
+def typed_fields(tname):
+    """``section.key`` of every field whose annotation is ``tname`` (``float``, ``int``…)."""
+    return [(f"{name}.{f.name}", f) for name, sec in sections(Config())
+            for f in dataclasses.fields(sec) if f.type == tname]
+
+
+FLOATS = typed_fields("float")
+RANGED = FLOATS + typed_fields("int") + typed_fields("list")
+
+
+def test_every_float_field_has_a_finite_range():
+    assert len(FLOATS) >= 15
+    for key, f in FLOATS:
+        rng = f.metadata["range"]
+        assert isinstance(rng, Range) and math.isfinite(rng.lo) and math.isfinite(rng.hi), key
+        assert getattr(getattr(Config(), key.split(".")[0]), f.name) in rng, f"{key}: default out of range"
+    for key, f in typed_fields("int"):
+        assert isinstance(f.metadata["range"], Range), key
+
+
+@pytest.mark.parametrize("key", [k for k, _ in FLOATS])
+@pytest.mark.parametrize("text", ["inf", "-inf", "nan", "1e400", "Infinity"])
+def test_non_finite_floats_are_refused_for_every_field(key, text):
+    with pytest.raises(ConfigError, match=rf"^config {key}: expected a finite float"):
+        set_value(Config(), key, text)
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-inf"])
+def test_non_finite_toml_values_are_refused(tmp_path, value):
+    f = tmp_path / "c.toml"
+    f.write_text(f"[optim]\nlr = {value}\n")
+    with pytest.raises(ConfigError, match="optim.lr: expected a finite float"):
+        load_toml(Config(), str(f))
+    f.write_text(f"[optim]\nstep_epochs = [3, {value}]\n")
+    with pytest.raises(ConfigError, match="optim.step_epochs: expected a list of finite numbers"):
+        load_toml(Config(), str(f))
+
+
+def outside(rng: Range) -> list:
+    """Values just outside ``rng`` (independent of Range.__contains__: by its ends)."""
+    out = [rng.lo if rng.lo_open else rng.lo - 1]
+    if math.isfinite(rng.hi):
+        out.append(rng.hi if rng.hi_open else rng.hi * 2 + 1)
+    return out
+
+
+@pytest.mark.parametrize("key,f", RANGED, ids=[k for k, _ in RANGED])
+def test_every_ranged_field_refuses_values_outside_its_range(key, f):
+    rng = f.metadata["range"]
+    section = key.split(".")[0]
+    for bad in outside(rng):
+        cfg = Config()
+        value = [bad] if f.type == "list" else (int(bad) if f.type == "int" else float(bad))
+        setattr(getattr(cfg, section), f.name, value)
+        cfg.run.run_dir = "/nonexistent-dir-for-tests/run"
+        with pytest.raises(ConfigError, match=rf"^config {key}: must be"):
+            validate(cfg)
+    mid = (rng.lo + rng.hi) / 2 if math.isfinite(rng.hi) else rng.lo + 2
+    for good in ([mid] if rng.lo_open else [rng.lo, mid]):
+        cfg = Config()
+        good = int(good) if f.type == "int" else good
+        setattr(getattr(cfg, section), f.name, [good] if f.type == "list" else good)
+        cfg.run.run_dir = "/nonexistent-dir-for-tests/run"
+        validate(cfg)
+
+
+def test_loss_scale_range_is_the_loss_scalers():
+    from hpctrain.optim.loss_scale import MAX_SCALE, MIN_SCALE, LossScaler
+    assert (LOSS_SCALE.lo, LOSS_SCALE.hi) == (MIN_SCALE, MAX_SCALE) == (1.0, 2.0 ** 24)
+    defaults = inspect.signature(LossScaler).parameters
+    assert (defaults["min_scale"].default, defaults["max_scale"].default) == (MIN_SCALE, MAX_SCALE)
+    # the top of the range keeps fp32 math finite: loss 10 and gradients 1e20 scaled by 2**24
+    with np.errstate(over="ignore"):
+        assert np.isfinite(np.float32(10.0 * MAX_SCALE)) and np.isfinite(np.float32(1e20 * MAX_SCALE))
+        assert not np.isfinite(np.float32(1e9 * 1e30))     # what init_scale=1e30 would do
+
+
+@pytest.mark.parametrize("argv,field", [
+    (["--set", "precision.init_scale=1e30"], "precision.init_scale"),
+    (["--set", "precision.init_scale=0.5"], "precision.init_scale"),
+    (["--set", "precision.loss_scale=inf"], "precision.loss_scale"),
+    (["--set", "precision.loss_scale=nan"], "precision.loss_scale"),
+    (["--set", "precision.loss_scale=1e30"], "precision.loss_scale"),
+    (["--set", "precision.loss_scale=0"], "precision.loss_scale"),
+    (["--set", "precision.loss_scale=huge"], "precision.loss_scale"),
+    (["--set", "precision.growth_interval=0"], "precision.growth_interval"),
+    (["--lr", "1e9"], "optim.lr"),
+    (["--set", "optim.momentum=1"], "optim.momentum"),
+    (["--set", "train.seed=-1"], "train.seed"),
+])
+def test_out_of_range_numbers(argv, field):
+    with pytest.raises(ConfigError, match=field):
+        validate(config_from_args(argv + ["--run-dir", "/nonexistent-dir-for-tests/run"]))
+
+
+def test_fixed_loss_scale_in_range_is_accepted():
+    for scale in ("1", "128", "16777216", "dynamic", "none"):
+        validate(config_from_args(["--set", f"precision.loss_scale={scale}", "--run-dir", "/nonexistent/run"]))
+
+
+CHOICES = [("comm.strategy", "hpctrain.comm", "STRATEGIES"),
+           ("comm.compression", "hpctrain.comm", "COMPRESSIONS"),
+           ("sync.algorithm", "hpctrain.sync", "ALGORITHMS"),
+           ("precision.compute", "hpctrain.trainer", "AUTOCAST_DTYPES"),
+           ("optim.schedule", "hpctrain.optim.schedules", "KINDS"),
+           ("optim.warmup", "hpctrain.optim.schedules", "WARMUPS")]
+
+
+@pytest.mark.parametrize("key,module,name", CHOICES)
+def test_choice_fields_follow_their_registry(key, module, name, monkeypatch):
+    reg = getattr(importlib.import_module(module), name)
+    section, _, attr = key.partition(".")
+    for value in reg:                            # every registered name is accepted
+        cfg = Config()
+        setattr(getattr(cfg, section), attr, value)
+        cfg.run.run_dir = "/nonexistent/run"
+        validate(cfg)
+    cfg = Config()
+    setattr(getattr(cfg, section), attr, "ring")
+    with pytest.raises(ConfigError, match=rf"^config {key}: must be one of .*got 'ring'"):
+        validate(cfg)
+    # a name registered later is accepted without touching config.py
+    grown = dict.fromkeys(reg) | {"ring": None} if isinstance(reg, dict) else tuple(reg) + ("ring",)
+    monkeypatch.setattr(importlib.import_module(module), name, grown)
+    cfg.run.run_dir = "/nonexistent/run"
+    validate(cfg)
+
+
+def test_strategy_ring_names_the_registry_choices():
+    from hpctrain.comm import STRATEGIES
+    with pytest.raises(ConfigError) as err:
+        validate(config_from_args(["--strategy", "ring"]))
+    assert str(err.value) == f"config comm.strategy: must be one of {' | '.join(STRATEGIES)}, got 'ring'"
+    assert registry("hpctrain.comm:STRATEGIES") == tuple(STRATEGIES)
+
+
+def test_config_file_not_utf8_or_not_a_file(tmp_path):
+    f = tmp_path / "bad.toml"
+    f.write_bytes(b"[optim]\nlr = 0.1 # caf\xe9 in latin-1\n")
+    with pytest.raises(ConfigError, match=r"config file .*bad.toml: not UTF-8 text \(byte 0xe9"):
+        load_toml(Config(), str(f))
+    with pytest.raises(ConfigError, match="config file .*: Is a directory"):
+        load_toml(Config(), str(tmp_path))
+
+
+def test_run_dir_must_be_a_directory(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for argv, field in ((["--run-dir", str(afile)], "run.run_dir"),
+                        (["--run-dir", str(afile / "sub" / "run")], "run.run_dir"),
+                        (["--run-dir", str(tmp_path / "ok"), "--set", f"ckpt.dir={afile}"], "ckpt.dir")):
+        with pytest.raises(ConfigError, match=rf"^config {field}: .*{afile}.*(exists and )?is not a directory"):
+            validate(config_from_args(argv))
+    validate(config_from_args(["--run-dir", str(tmp_path / "new" / "run")]))    # created later
+    validate(config_from_args(["--run-dir", str(tmp_path)]))                     # exists
+
+
+def test_help_shows_ranges():
+    from hpctrain.config import help_text
+    text = help_text()
+    assert "optim.lr = 0.4\n" in text and "(must be in (0, 1000])" in text
+    assert "precision.init_scale = 65536.0\n      initial dynamic loss scale (must be in [1, 16777216])" in text
+
+
+@pytest.mark.parametrize("args,line", [
+    (["--lr", "inf"], "hpctrain: error: config optim.lr: expected a finite float, got 'inf'"),
+    (["--set", "precision.init_scale=1e30"],
+     "hpctrain: error: config precision.init_scale: must be in [1, 16777216], got 1e+30"),
+])
+def test_cli_numbers_one_line_status_2(tmp_path, args, line):
+    r = run_cli(*args, "--run-dir", str(tmp_path / "run"))
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [line]
+    assert not (tmp_path / "run").exists()
