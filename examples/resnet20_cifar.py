@@ -13,14 +13,12 @@ import hpctrain
 from hpctrain.models.resnet import resnet20
 
 
-def evaluate(model, data, topo):
-    model.eval()
+def evaluate(trainer, data, topo):
     correct = count = 0
-    with torch.no_grad():
+    with trainer.evaluation() as model, torch.no_grad():     # the same (rank 0's) BN statistics everywhere
         for x, y in hpctrain.shard_eval_batches(data, topo):
             correct += int((model(x).argmax(1) == y).sum())
             count += len(y)
-    model.train()
     t = hpctrain.allreduce_metrics({"c": correct, "n": count}, topo.comm, average=False)
     return t["c"] / t["n"]
 
@@ -48,9 +46,9 @@ def main():
                 break
         if args.max_steps and trainer.step_count >= args.max_steps:
             break
-    before = evaluate(model, args.data, topo)
+    before = evaluate(trainer, args.data, topo)
     hpctrain.polish_bn(model, loader.epoch(args.epochs), topo.comm)
-    after = evaluate(model, args.data, topo)
+    after = evaluate(trainer, args.data, topo)
     if topo.rank == 0:
         print(f"test accuracy {before:.4f} before, {after:.4f} after BN polishing")
     trainer.close()

@@ -53,9 +53,8 @@ def main():
         mean_loss = hpctrain.allreduce_metrics({"loss": float(loss)}, topo.comm)["loss"]
         if topo.rank == 0:
             print(f"epoch {epoch}: loss {mean_loss:.4f}")
-    model.eval()
     correct = count = 0
-    with torch.no_grad():
+    with trainer.evaluation(), torch.no_grad():           # every rank scores rank 0's BN statistics
         for x, y in hpctrain.shard_eval_batches(args.data, topo):
             correct += int((model(x).argmax(1) == y).sum())
             count += len(y)

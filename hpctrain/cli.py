@@ -1,6 +1,7 @@
 """Command line: ``python -m hpctrain [SUBCOMMAND] [options]`` (``train`` when none is given).
 
-The only module that touches ``MPI.COMM_WORLD``; everything below takes a communicator.
+The entry point: ``train_main`` takes ``MPI.COMM_WORLD`` and hands it down; library code below
+takes a communicator.
 """
 from __future__ import annotations
 
@@ -71,12 +72,17 @@ def train_main(argv: list[str]) -> int:
     from mpi4py import MPI
 
     from hpctrain.config import ConfigError, validate
-    from hpctrain.faults import Stopped, UserError, install_abort_hook
+    from hpctrain.faults import Stopped, UserError, agree, install_abort_hook
     comm = MPI.COMM_WORLD
     install_abort_hook(comm)
     try:
-        cfg = config_from_args(argv)
-        validate(cfg, comm.Get_size())
+        cfg, error = None, None
+        try:
+            cfg = config_from_args(argv)
+            validate(cfg, comm.Get_size())
+        except ConfigError as exc:
+            error = exc
+        agree(comm, error)          # a file-system check may fail on one node only: stop every rank
         from hpctrain.train import run
         summary = run(cfg, comm)
     except Stopped as exc:          # SIGTERM/SIGUSR1: checkpoint written, resumable

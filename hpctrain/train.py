@@ -5,10 +5,11 @@ same one user scripts call, so the CLI and the library API share one code path.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from mpi4py import MPI
@@ -40,7 +41,6 @@ class Job:
     topo: Topology
     trainer: DistributedTrainer
     loader: ShardLoader
-    train_set: ShardSet
     test_set: ShardSet
     timer: StepTimer
 
@@ -52,25 +52,34 @@ class Job:
 USER_ERRORS = (ConfigError, ShardError, ModelError, ValueError, OSError, RuntimeError, ImportError)
 
 
-def setup(cfg: Config, comm: MPI.Comm) -> Job:
+def on_agreed_exit(close):
+    """An ``ExitStack`` exit callback running the collective ``close`` on a normal exit or an
+    error every rank raised together (:class:`UserError`: agreed set-up errors, stops, checkpoint
+    errors). Any other exception may be this rank's alone: a collective would then hang, so it is
+    skipped and the abort hook ends the job."""
+    def exit_(exc_type, exc, tb):
+        if exc_type is None or issubclass(exc_type, UserError):
+            close()
+        return False
+    return exit_
+
+
+def setup(cfg: Config, comm: MPI.Comm, stack: contextlib.ExitStack) -> Job:
     """Build every part of a run. Collective.
 
     Each local set-up phase is followed by :func:`agree`, so a user error on any rank stops
     every rank with one line before the next collective; the collective parts come after.
+    Every part is registered on ``stack`` as soon as it exists, so it is released on every exit.
     """
     torch.set_num_threads(cfg.train.threads)
     topo = Topology.create(comm, cfg.comm.ranks_per_node)
+    stack.push(on_agreed_exit(topo.close))
     bind_device(topo)
     index = _agreed(comm, _data_index, cfg, topo)
-    loader, test_set = _agreed(comm, _open_data, cfg, topo, index)
-    try:
-        model, optimizer, schedule = _agreed(comm, _model_and_optimizer, cfg, index, loader)
-        # collective, same verdict on every rank: names an odd rank out
-        _agreed(comm, check_consistency, topo.comm, model, cfg.to_dict(), software_versions())
-    except UserError:
-        loader.close()        # collective (mpio files, node window): every rank is here
-        test_set.close()
-        raise
+    loader, test_set = _agreed(comm, _open_data, cfg, topo, index, stack)
+    model, optimizer, schedule = _agreed(comm, _model_and_optimizer, cfg, index, loader)
+    # collective, same verdict on every rank: names an odd rank out
+    _agreed(comm, check_consistency, topo.comm, model, cfg.to_dict(), software_versions())
     timer = StepTimer()
     o = cfg.optim
     trainer = DistributedTrainer(model, optimizer, topo, strategy=cfg.comm.strategy,
@@ -80,7 +89,8 @@ def setup(cfg: Config, comm: MPI.Comm) -> Job:
                                  comm_delay_ms=cfg.sync.comm_delay_ms,
                                  schedule=schedule, loss_fn=make_criterion(o.label_smoothing),
                                  compute=cfg.precision.compute, scaler=make_scaler(cfg.precision), timer=timer)
-    return Job(cfg, topo, trainer, loader, loader.shards, test_set, timer)
+    stack.push(on_agreed_exit(trainer.close))
+    return Job(cfg, topo, trainer, loader, test_set, timer)
 
 
 def _agreed(comm: MPI.Comm, phase, *args):
@@ -123,13 +133,17 @@ def _data_index(cfg: Config, topo: Topology):
     return read_index(resolve_dataset(cfg.data.dataset, cfg.data.cache_dir, topo.comm))
 
 
-def _open_data(cfg: Config, topo: Topology, index):
+def _open_data(cfg: Config, topo: Topology, index, stack: contextlib.ExitStack):
+    """Train loader and test split (collective opens with ``mpio``), registered on ``stack``
+    at once: a check failing on one rank after the opens still closes them on every rank."""
     d = cfg.data
     loader = train_loader(index, topo, batch_size=cfg.train.batch_size // topo.size, seed=cfg.train.seed,
                           block_size=d.block_size, shuffle_window=d.shuffle_window, prefetch=d.prefetch,
                           drop_last=d.drop_last, augment=d.augment, augment_kind=d.augment_kind,
                           augment_flip=d.augment_flip, reader=d.reader, hdf5_driver=d.hdf5_driver)
+    stack.push(on_agreed_exit(loader.close))
     test_set = open_split(index, "test", topo, driver=d.hdf5_driver)
+    stack.push(on_agreed_exit(test_set.close))
     test_set.check()
     if loader.steps == 0:
         raise ConfigError(f"config train.batch_size: global batch {cfg.train.batch_size} is larger than "
@@ -162,19 +176,15 @@ def _model_and_optimizer(cfg: Config, index, loader):
 
 def evaluate(job: Job, batch_size: int = 256) -> dict:
     """Exact accuracy and mean loss over the whole test split (each rank scores its share)."""
-    model, topo = job.model, job.topo
-    # BN running statistics are per rank (each saw its own batches); score with rank 0's, as
-    # DDP's broadcast_buffers does, so every rank evaluates the same model
-    comm_lib.broadcast_tensors([b for b in model.buffers() if b.numel()], topo.comm)
-    model.eval()
+    topo = job.topo
     correct = loss_sum = count = 0.0
-    with torch.no_grad():
+    # every rank scores the same model: the update in flight done, rank 0's BN statistics
+    with job.trainer.evaluation() as model, torch.no_grad():
         for x, y in eval_batches(job.test_set, rank=topo.rank, size=topo.size, batch_size=batch_size):
             out = model(x)
             loss_sum += float(torch.nn.functional.cross_entropy(out, y, reduction="sum"))
             correct += float((out.argmax(1) == y).sum())
             count += len(y)
-    model.train()
     correct, loss_sum, count = comm_lib.allreduce_sum([correct, loss_sum, count], topo.comm)
     return {"test_accuracy": correct / count, "test_loss": loss_sum / count, "test_samples": int(count)}
 
@@ -202,32 +212,63 @@ def timed_batches(batches, timer: StepTimer):
         yield item
 
 
+@dataclass
+class Progress:
+    """What the training loop has done so far (the summary's inputs)."""
+    start_step: int
+    samples: int = 0
+    skipped: int = 0
+    train_s: float = 0.0
+    breakdown: dict = field(default_factory=dict)
+
+
 def run(cfg: Config, comm: MPI.Comm) -> dict:
-    """Train and evaluate; returns the summary (identical on every rank)."""
+    """Train and evaluate; returns the summary (identical on every rank).
+
+    Phases: set-up, resume, train, then stop (signal) or evaluate and summarise. Everything
+    opened is registered on one ``ExitStack`` and released on every exit path — collective
+    parts on a normal exit or an agreed error (:func:`on_agreed_exit`), local ones always.
+    """
     t0 = time.perf_counter()
-    job = setup(cfg, comm)
-    topo, loader, trainer = job.topo, job.loader, job.trainer
-    is_root = topo.rank == 0
-    ckpt = Checkpointer.from_config(cfg, topo.comm, loader, job.timer)
-    resumed = ckpt.resume(trainer, cfg.ckpt.resume)      # None, or where to continue
-    start_step = trainer.step_count
-    log = MetricsLog(cfg.run.run_dir, enabled=is_root, append=resumed is not None)
-    log.log("config", config=cfg.to_dict(), world_size=topo.size, topology=topo.describe(),
-            data=loader.describe(), test_data=job.test_set.describe(),
-            steps_per_epoch=loader.steps, resumed_from=ckpt.last_path if resumed else None, start_step=start_step)
+    with contextlib.ExitStack() as stack:
+        job = setup(cfg, comm, stack)
+        ckpt = Checkpointer.from_config(cfg, job.topo.comm, job.loader, job.timer)
+        resumed = ckpt.resume(job.trainer, cfg.ckpt.resume)      # None, or where to continue
+        log = stack.enter_context(contextlib.closing(
+            MetricsLog(cfg.run.run_dir, enabled=job.topo.rank == 0, append=resumed is not None)))
+        log.log("config", config=cfg.to_dict(), world_size=job.topo.size, topology=job.topo.describe(),
+                data=job.loader.describe(), test_data=job.test_set.describe(), steps_per_epoch=job.loader.steps,
+                resumed_from=ckpt.last_path if resumed else None, start_step=job.trainer.step_count)
+        stop = StopSignal(job.topo.comm)                      # SIGTERM/SIGUSR1 → checkpoint and stop
+        stack.push(on_agreed_exit(stop.close))
+        progress = train(job, ckpt, stop, resumed, log, stack)
+        if stop.agreed:
+            log.log("stopped", signal=stop.name, step=job.trainer.step_count, checkpoint=ckpt.last_path,
+                    train_s=progress.train_s)
+            raise Stopped(f"stopped by {stop.name} at step {job.trainer.step_count} after writing "
+                          f"{ckpt.last_path}; continue with --set ckpt.resume=auto")
+        return summarise(job, log, progress, t0)
+
+
+def train(job: Job, ckpt: Checkpointer, stop: StopSignal, resumed, log: MetricsLog,
+          stack: contextlib.ExitStack) -> Progress:
+    """The epochs: steps, per-epoch log lines, periodic and final checkpoints. Collective."""
+    cfg, topo, loader, trainer = job.cfg, job.topo, job.loader, job.trainer
     timeline = Timeline(topo.comm) if cfg.run.timeline else None
     watchdog = Watchdog(topo.comm, cfg.run.watchdog_s) if cfg.run.watchdog_s > 0 else None
+    if watchdog is not None:
+        stack.push(on_agreed_exit(watchdog.close))
     job.timer.sinks += [sink for sink in (timeline, watchdog) if sink is not None]
-    stop = StopSignal(topo.comm)                          # SIGTERM/SIGUSR1 → checkpoint and stop
     total_steps = loader.steps * cfg.train.epochs
     if cfg.train.max_steps:
         total_steps = min(total_steps, cfg.train.max_steps)
+    progress = Progress(start_step=trainer.step_count)
     bar = None
-    if is_root and cfg.run.progress:
+    if topo.rank == 0 and cfg.run.progress:
         from tqdm import tqdm
-        bar = tqdm(total=total_steps, initial=start_step, desc=f"train x{topo.size}", unit="step",
-                   dynamic_ncols=True)
-    samples, skipped, t_train, breakdown = 0, 0, time.perf_counter(), {}
+        bar = stack.enter_context(tqdm(total=total_steps, initial=progress.start_step, desc=f"train x{topo.size}",
+                                       unit="step", dynamic_ncols=True))
+    t_train = time.perf_counter()
     first_epoch, skip = (resumed.epoch, resumed.step_in_epoch) if resumed else (0, 0)
     lr = trainer.lr()
     for epoch in range(first_epoch, cfg.train.epochs):
@@ -244,9 +285,9 @@ def run(cfg: Config, comm: MPI.Comm) -> dict:
             lr = trainer.lr()
             result = trainer.step(x, y)
             loss_sum += result.loss
-            skipped += result.skipped
+            progress.skipped += result.skipped
             n += 1
-            samples += loader.global_batch
+            progress.samples += loader.global_batch
             if bar:
                 bar.update(1)
                 bar.set_postfix(loss=f"{float(loss_sum) / n:.3f}", lr=f"{lr:.3g}", refresh=False)
@@ -256,47 +297,35 @@ def run(cfg: Config, comm: MPI.Comm) -> dict:
                 break
         phases = job.timer.reset()
         for k, v in phases.items():
-            breakdown[k] = breakdown.get(k, 0.0) + v
+            progress.breakdown[k] = progress.breakdown.get(k, 0.0) + v
         loss_total = comm_lib.allreduce_sum([float(loss_sum), n], topo.comm)
         rec = {"epoch": epoch, "step": trainer.step_count, "train_loss": loss_total[0] / max(loss_total[1], 1),
                "lr": lr, "epoch_s": time.perf_counter() - t_epoch, "phases_s": phases}
         if cfg.train.eval_every and (epoch + 1) % cfg.train.eval_every == 0:
-            trainer.finish()      # OD-SGD: score the global weights W, not each rank's local ones
-            rec.update(evaluate(job))
+            rec.update(evaluate(job))       # OD-SGD: scores the global weights W (trainer.finish)
         log.log("epoch", **rec)
         if trainer.step_count >= total_steps or stop.agreed:
             break
     trainer.finish()
     ckpt.save(trainer)                                    # the final (or signal) checkpoint
-    for part in (watchdog, stop):
-        if part is not None:
-            part.close()
-    train_s = time.perf_counter() - t_train
-    if bar:
-        bar.close()
+    progress.train_s = time.perf_counter() - t_train
     if timeline:
         merge_and_write(timeline, topo.comm, os.path.join(cfg.run.run_dir, "timeline.json"))
-    if stop.agreed:
-        log.log("stopped", signal=stop.name, step=trainer.step_count, checkpoint=ckpt.last_path, train_s=train_s)
-        log.close()
-        raise Stopped(f"stopped by {stop.name} at step {trainer.step_count} after writing {ckpt.last_path}; "
-                      f"continue with --set ckpt.resume=auto")
+    return progress
+
+
+def summarise(job: Job, log: MetricsLog, progress: Progress, t0: float) -> dict:
+    """Final evaluation (and Final Polishing), then the summary line of metrics.jsonl. Collective."""
+    cfg, topo, loader = job.cfg, job.topo, job.loader
     result = evaluate(job)
     if cfg.polish.bn_recompute:
         result = {**polish(job), "test_accuracy_before_polish": result["test_accuracy"]}
-    wall_s = time.perf_counter() - t0
-    steps = trainer.step_count
-    epochs_done = steps / loader.steps
-    epochs_here = (steps - start_step) / loader.steps    # this run's share, when resumed
-    summary = log.log("summary", **result, samples_per_s=samples / train_s, wall_s=wall_s, train_s=train_s,
-                      world_size=topo.size, steps=steps, epochs=epochs_done, global_batch=loader.global_batch,
-                      skipped_steps=int(skipped), strategy=cfg.comm.strategy, compression=cfg.comm.compression,
-                      algorithm=cfg.sync.algorithm, phases_s=breakdown,
-                      data_wait_share=breakdown.get("data", 0.0) / train_s if train_s else 0.0,
-                      start_step=start_step, **gpu_time(wall_s, topo.size, epochs_here))
-    log.close()
-    trainer.close()
-    loader.close()
-    job.test_set.close()
-    topo.close()
-    return summary
+    steps, train_s, wall_s = job.trainer.step_count, progress.train_s, time.perf_counter() - t0
+    epochs_here = (steps - progress.start_step) / loader.steps    # this run's share, when resumed
+    return log.log("summary", **result, samples_per_s=progress.samples / train_s, wall_s=wall_s,
+                   train_s=train_s, world_size=topo.size, steps=steps, epochs=steps / loader.steps,
+                   global_batch=loader.global_batch, skipped_steps=int(progress.skipped),
+                   strategy=cfg.comm.strategy, compression=cfg.comm.compression, algorithm=cfg.sync.algorithm,
+                   phases_s=progress.breakdown,
+                   data_wait_share=progress.breakdown.get("data", 0.0) / train_s if train_s else 0.0,
+                   start_step=progress.start_step, **gpu_time(wall_s, topo.size, epochs_here))

@@ -5,6 +5,12 @@
 algorithm (``hpctrain.sync``). Call :meth:`step` for a whole step; a loop that must stay its
 own can instead call ``trainer.sync.allreduce_grads()`` between its ``backward()`` and its
 ``optimizer.step()``. The CLI's training loop (``hpctrain.train``) is built on this class.
+
+Buffers (BatchNorm running statistics) are not gradients: each rank updates its own from its own
+batches, so replicas drift apart. :meth:`finish` makes every replica rank 0's again — the
+checkpointer and the CLI call it before saving and evaluating, and :meth:`evaluation` wraps it
+for user loops. ``broadcast_buffers="forward"`` instead broadcasts before every forward, as
+DDP's ``broadcast_buffers=True`` does (one small collective per step).
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ from hpctrain.optim.schedules import ScheduleSpec, lr_at
 from hpctrain.topology import Topology
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+BROADCAST_BUFFERS = ("finish", "forward")
 
 
 class DistributedTrainer:
@@ -30,17 +37,25 @@ class DistributedTrainer:
     On construction the parameters and buffers of rank 0 are broadcast, so every replica
     starts identical. ``step(x, y)`` sets the learning rate from ``schedule`` (if given), runs
     forward/backward under autocast (``compute``), synchronises gradients and updates.
+    ``broadcast_buffers``: ``"finish"`` (rank 0's buffers in :meth:`finish`) or ``"forward"``
+    (also before every forward, DDP's default).
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, topology: Topology, *,
                  strategy: str = "flat", compression: str = "none", bucket_mb: float = 25.0,
                  overlap: bool = False, algorithm: str = "ssgd", algorithm_options: dict | None = None,
                  schedule: ScheduleSpec | None = None, loss_fn: Callable | None = None,
-                 compute: str = "fp32", scaler=None, timer: StepTimer = NULL_TIMER, comm_delay_ms: float = 0.0):
+                 compute: str = "fp32", scaler=None, timer: StepTimer = NULL_TIMER, comm_delay_ms: float = 0.0,
+                 broadcast_buffers: str = "finish"):
         if compute not in AUTOCAST_DTYPES:
             raise ValueError(f"precision.compute: unknown {compute!r} (choose from {', '.join(AUTOCAST_DTYPES)})")
+        if broadcast_buffers not in BROADCAST_BUFFERS:
+            raise ValueError(f"broadcast_buffers: unknown {broadcast_buffers!r} "
+                             f"(choose from {', '.join(BROADCAST_BUFFERS)})")
         self.model, self.optimizer, self.topo = model, optimizer, topology
         self.schedule, self.timer = schedule, timer
+        self.broadcast_buffers = broadcast_buffers
+        self._buffers = [b for b in model.buffers() if b.numel()]
         self.loss_fn = loss_fn or nn.CrossEntropyLoss()
         self.compute = compute
         device = next(model.parameters()).device.type
@@ -73,6 +88,8 @@ class DistributedTrainer:
             set_lr(self.optimizer, lr)
 
         def compute_loss():
+            if self.broadcast_buffers == "forward":
+                self.sync_buffers()
             with self.autocast():
                 return self.loss_fn(self.model(x), y)
 
@@ -80,11 +97,30 @@ class DistributedTrainer:
         self.step_count += 1
         return result
 
+    def sync_buffers(self) -> None:
+        """Collective: every rank's buffers (BN running statistics) become rank 0's."""
+        comm_lib.broadcast_tensors(self._buffers, self.topo.comm)
+
     def finish(self) -> None:
-        """Complete any update still in flight (OD-SGD's pending global step)."""
+        """Collective: make every replica identical — complete any update still in flight
+        (OD-SGD's pending global step) and take rank 0's buffers. Call before evaluating or
+        saving; the checkpointer does."""
         done = getattr(self.algo, "finish", None)
         if done is not None:
             done()
+        self.sync_buffers()
+
+    @contextlib.contextmanager
+    def evaluation(self):
+        """Collective: ``with trainer.evaluation(): ...`` scores the same model on every rank
+        (:meth:`finish`, then ``model.eval()``; training mode is restored afterwards)."""
+        self.finish()
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            yield self.model
+        finally:
+            self.model.train(was_training)
 
     def state_dict(self) -> dict:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
