@@ -2,7 +2,9 @@
 
 * :func:`install_abort_hook` replaces ``sys.excepthook``: an uncaught exception on any rank prints
   ``hpctrain: rank R/N failed: …`` with the traceback and calls ``MPI_Abort``, so ``mpiexec``
-  kills every rank and exits non-zero instead of leaving the others blocked in a collective.
+  kills every rank and exits non-zero instead of leaving the others blocked in a collective. A
+  :class:`~hpctrain.errors.UserError` that reaches it (one rank's alone, e.g. a corrupt shard in
+  its reader) prints one line instead, ``hpctrain: error: rank R/N: …``, and aborts with status 2.
 * :func:`agree` turns per-rank set-up errors (bad shard file, unimportable model) into the same
   :class:`UserError` on every rank, so the job stops with one clear line and no traceback.
 * :func:`check_consistency` compares a fingerprint of the model, config and software on every
@@ -25,9 +27,9 @@ from collections import Counter
 import numpy as np
 from mpi4py import MPI
 
+from hpctrain.errors import UserError
 
-class UserError(Exception):
-    """A problem with the user's input; printed as one line, exit status 2."""
+
 
 
 class ConsistencyError(ValueError):
@@ -51,13 +53,18 @@ def install_abort_hook(comm: MPI.Comm) -> None:
         if issubclass(exc_type, KeyboardInterrupt) and size == 1:
             sys.__excepthook__(exc_type, exc, tb)
             return
-        text = "".join(traceback.format_exception(exc_type, exc, tb))
-        sys.stderr.write(f"{text}hpctrain: rank {rank}/{size} failed: {exc_type.__name__}: {exc}\n"
-                         f"hpctrain: aborting all {size} ranks\n")
+        if issubclass(exc_type, UserError):       # the user's problem, found by this rank alone
+            status = 2
+            text = f"hpctrain: error: rank {rank}/{size}: {exc}\n"
+        else:                                     # a bug: keep the traceback
+            status = 1
+            text = ("".join(traceback.format_exception(exc_type, exc, tb))
+                    + f"hpctrain: rank {rank}/{size} failed: {exc_type.__name__}: {exc}\n")
+        sys.stderr.write(text + (f"hpctrain: aborting all {size} ranks\n" if size > 1 else ""))
         sys.stderr.flush()
         if size > 1:
-            comm.Abort(1)
-        os._exit(1)
+            comm.Abort(status)
+        os._exit(status)
 
     sys.excepthook = hook
     threading.excepthook = lambda args: hook(args.exc_type, args.exc_value, args.exc_traceback)

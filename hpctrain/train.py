@@ -54,11 +54,11 @@ USER_ERRORS = (ConfigError, ShardError, ModelError, ValueError, OSError, Runtime
 
 def on_agreed_exit(close):
     """An ``ExitStack`` exit callback running the collective ``close`` on a normal exit or an
-    error every rank raised together (:class:`UserError`: agreed set-up errors, stops, checkpoint
-    errors). Any other exception may be this rank's alone: a collective would then hang, so it is
-    skipped and the abort hook ends the job."""
+    error every rank raised together (an ``agreed`` :class:`UserError`: set-up errors, stops,
+    checkpoint errors, non-finite steps). Any other exception may be this rank's alone: a
+    collective would then hang, so it is skipped and the abort hook ends the job."""
     def exit_(exc_type, exc, tb):
-        if exc_type is None or issubclass(exc_type, UserError):
+        if exc_type is None or (issubclass(exc_type, UserError) and exc_type.agreed):
             close()
         return False
     return exit_
