@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--grid", metavar="PNG", help="write a grid of the first samples to this PNG")
     i.add_argument("--split", default="train")
     i.add_argument("-n", type=int, default=64, help="samples in the grid")
+    i.add_argument("--no-verify", action="store_true", help="skip the shards' SHA-256 check (reads only labels)")
     return ap
 
 
@@ -89,9 +90,9 @@ def main(argv=None) -> int:
         elif args.cmd == "verify":
             msg = inspect.verify(args.dir)
         else:
-            msg = inspect.summary(args.dir)
+            msg = inspect.summary(args.dir, verify=not args.no_verify)
             if args.grid:
-                msg += "\n" + inspect.grid(args.dir, args.grid, args.split, args.n)
+                msg += "\n" + inspect.grid(args.dir, args.grid, args.split, args.n, verify=not args.no_verify)
     except (ShardError, SourceError, ConvertError, ValueError, ImportError) as exc:
         if rank == 0:
             print(f"data_tools: error: {exc}", file=sys.stderr)

@@ -1,4 +1,10 @@
-"""``inspect`` and ``verify``: a shard directory's summary, a PNG grid of samples, a full check."""
+"""``inspect`` and ``verify``: a shard directory's summary, a PNG grid of samples, a full check.
+
+Both check every shard's SHA-256 against the index before using its bytes (``inspect
+--no-verify`` skips it: a summary of a large dataset then reads only the labels); any problem —
+a missing or changed shard, an index field that is absent or points outside the directory — is a
+:class:`ShardError`, which ``python -m data_tools`` prints as one line with exit status 2.
+"""
 from __future__ import annotations
 
 import os
@@ -6,7 +12,15 @@ import os
 import numpy as np
 
 from hpctrain.data.images import decode_batch
-from hpctrain.data.shards import ShardSet, read_index
+from hpctrain.data.shards import ShardError, ShardSet, read_index
+
+
+def _readable(fn):
+    """Run ``fn``; an OSError that escaped the shard checks becomes a one-line ShardError."""
+    try:
+        return fn()
+    except OSError as exc:
+        raise ShardError(f"{exc.filename or 'shard directory'}: {exc.strerror or exc}") from None
 
 
 def verify(directory: str) -> str:
@@ -15,15 +29,16 @@ def verify(directory: str) -> str:
     for split in idx.splits:
         s = ShardSet(idx, split, driver="serial")
         try:
-            s.verify()
-            s.check()
-            s.check_labels()
+            _readable(s.verify)
+            _readable(s.check)
+            _readable(s.check_labels)
         finally:
             s.close()
     return f"{directory}: OK ({', '.join(f'{k} {idx.num_samples(k)}' for k in idx.splits)})"
 
 
-def summary(directory: str) -> str:
+def summary(directory: str, verify: bool = True) -> str:
+    """Classes, normalisation, per split: samples, shards, MiB, class balance (after the checksums)."""
     idx = read_index(directory)
     names = idx.class_names
     shown = ", ".join(names[:10]) + (f", … ({len(names)} in all)" if len(names) > 10 else "")
@@ -34,12 +49,16 @@ def summary(directory: str) -> str:
         lines.append("  normalize: mean " + " ".join(f"{v:.3f}" for v in norm["mean"])
                      + " | std " + " ".join(f"{v:.3f}" for v in norm["std"]))
     for split in idx.splits:
-        s = ShardSet(idx, split, driver="serial")
+        s = ShardSet(idx, split, driver="serial", verify="shared" if verify else "off")
         try:
-            n_bytes = sum(os.path.getsize(s.path(i)) for i in range(len(s.entries)))
-            counts = np.zeros(idx.num_classes, np.int64)
+            if verify:
+                _readable(s.verify)                     # all shards at once, threaded
+            counts, n_bytes = np.zeros(idx.num_classes, np.int64), 0
             for i in range(len(s.entries)):
-                counts += np.bincount(s._open(i)["y"][:], minlength=idx.num_classes)[:idx.num_classes]
+                y = _readable(lambda: s._open(i)["y"][:])
+                s._check_labels(y, i, 0)
+                counts += np.bincount(y, minlength=idx.num_classes)[:idx.num_classes]
+                n_bytes += os.path.getsize(s.path(i))
         finally:
             s.close()
         lines.append(f"  {split}: {s.num_samples} samples in {len(s.entries)} shard(s), {n_bytes / 2**20:.1f} MiB; "
@@ -47,20 +66,25 @@ def summary(directory: str) -> str:
     return "\n".join(lines)
 
 
-def grid(directory: str, png: str, split: str = "train", n: int = 64) -> str:
-    """Write the first ``n`` samples of ``split`` as a labelled PNG grid (matplotlib Agg)."""
+def grid(directory: str, png: str, split: str = "train", n: int = 64, verify: bool = True) -> str:
+    """Write the first ``n`` samples of ``split`` as a labelled PNG grid (matplotlib Agg); the shards
+    read are SHA-256-checked first."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     idx = read_index(directory)
     shape = tuple(idx.sample_shape)
-    if len(shape) != 3 or shape[0] not in (1, 3):
-        raise ValueError(f"{directory}: samples of shape {shape} are not images (C, H, W)")
-    s = ShardSet(idx, split, driver="serial")
+    series = len(shape) in (1, 2) and idx.encoding == "raw"     # (L,) or (C, L): a line plot per sample
+    if not series and (len(shape) != 3 or shape[0] not in (1, 3)):
+        raise ValueError(f"{directory}: samples of shape {shape} are neither images (C, H, W) with C in "
+                         f"1, 3 nor series (L,) or (C, L)")
+    s = ShardSet(idx, split, driver="serial", verify="shared" if verify else "off")
     try:
-        x, y = s.read_range(0, min(n, s.num_samples))
+        x, y = _readable(lambda: s.read_range(0, min(n, s.num_samples)))
     finally:
         s.close()
+    if series:
+        return _series_grid(idx, np.asarray(x), y, png, split)
     if idx.encoding == "jpeg":
         x = decode_batch(x, shape)
     cols = int(np.ceil(np.sqrt(len(x)))) or 1
@@ -79,3 +103,27 @@ def grid(directory: str, png: str, split: str = "train", n: int = 64) -> str:
     fig.savefig(png, dpi=100)
     plt.close(fig)
     return f"wrote {png}: {len(x)} {split} samples"
+
+
+def _series_grid(idx, x, y, png: str, split: str) -> str:
+    """1-D samples (L,) or (C, L): one small line plot per sample, one line per channel."""
+    import matplotlib.pyplot as plt
+    x = x.reshape(len(x), -1, x.shape[-1]) if len(x) else x
+    cols = min(int(np.ceil(np.sqrt(len(x)))) or 1, 8)
+    rows = -(-len(x) // cols) or 1
+    fig, axes = plt.subplots(rows, cols, figsize=(2.0 * cols, 1.4 * rows), squeeze=False, sharex=True)
+    for ax in axes.flat:
+        ax.axis("off")
+    for ax, sample, label in zip(axes.flat, x, y):
+        ax.axis("on")
+        for ch in sample:
+            ax.plot(np.arange(len(ch)), ch.astype(np.float64), linewidth=0.8)
+        ax.tick_params(labelsize=5, length=2)
+        name = idx.class_names[label] if label < len(idx.class_names) else str(label)
+        ax.set_title(name[:12], fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+    c = x.shape[1] if len(x) else 0
+    return (f"wrote {png}: {len(x)} {split} samples as line plots ({c} channel(s) of length "
+            f"{x.shape[-1] if len(x) else 0})")

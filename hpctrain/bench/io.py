@@ -8,6 +8,10 @@ On a generated ImageNet-like dataset (3×224×224 uint8 samples, ``--size-gb`` G
   per-shard HDF5, with parallel HDF5 (``mpio``) and with node-level reading (one reader per node
   filling an MPI-3 shared window), all ranks reading their share at once;
 * the full loader (plus normalisation to float32 in its prefetch thread);
+* the integrity check (``shards.py``): the SHA-256 pass a job makes when it opens the split
+  (collective, each shard hashed by one rank), the first epoch including it, and the full loader
+  without a communicator, where each shard is hashed when its thread first opens it; every other
+  row reads with the check off — after the pass a job's reads are exactly those rows;
 * per-sample random ``x[i]``, ``y[i]`` h5py reads, the map-style-dataset anti-pattern,
 
 with a cold page cache (``/proc/sys/vm/drop_caches``, else ``posix_fadvise(DONTNEED)`` per file,
@@ -41,6 +45,8 @@ from hpctrain.topology import Topology
 SHAPE = (3, 224, 224)
 SMALL = (3, 32, 32)
 MB = 1e6
+CHECK, FIRST, PLAIN, LOADER = ("SHA-256 check at open", "first epoch incl. SHA-256 check at open",
+                               "block plan, per-rank reading, serial", "full loader")
 
 
 def parse_args(argv):
@@ -156,13 +162,35 @@ class Bench:
         n_bytes = sum(os.path.getsize(f) for f in self.files)
         self.row("cat > /dev/null (storage bound, 1 process)", cache, int(n_bytes // self.sample_bytes), dt, n_bytes)
 
+    def check(self, cache):
+        """The SHA-256 pass of opening the split with a communicator (shards spread over the ranks)."""
+        self.prepare(cache)
+        opened = []
+        n, dt = self.timed(lambda: opened.append(ShardSet(self.index, "train", comm=self.comm, driver="serial")) or 0)
+        opened[0].close()
+        n_bytes = sum(os.path.getsize(f) for f in self.files)
+        self.row(f"{CHECK}, each shard by 1 of {self.topo.size} rank(s), once per job", cache,
+                 self.index.num_samples("train"), dt, n_bytes)
+
+    def plan_checked(self, cache):
+        """A job's first epoch: the check at open, then the block plan (later epochs: the plain rows)."""
+        self.prepare(cache)
+        opened = []
+
+        def run():
+            opened.append(ShardSet(self.index, "train", comm=self.comm, driver="serial"))
+            return sum(len(y) for _, y in self.loader(opened[0]).raw_batches(0))
+        n, dt = self.timed(run)
+        opened[0].close()
+        self.row(f"{FIRST} (block plan, pread)", cache, n, dt)
+
     def loader(self, shards, node_comm=None) -> ShardLoader:
         a = self.args
         return ShardLoader(shards, rank=self.topo.rank, size=self.topo.size, batch_size=a.batch_size,
                            block_size=a.block_size, shuffle_window=a.shuffle_window, prefetch=2, node_comm=node_comm)
 
     def plan(self, cache, driver="serial"):
-        shards = ShardSet(self.index, "train", comm=self.comm, driver=driver)
+        shards = ShardSet(self.index, "train", comm=self.comm, driver=driver, verify="off")
         ld = self.loader(shards)
         self.prepare(cache)
         n, dt = self.timed(lambda: sum(len(y) for _, y in ld.raw_batches(0)))
@@ -172,7 +200,8 @@ class Bench:
 
     def node(self, cache):
         t = self.topo
-        shards = ShardSet(self.index, "train", comm=t.inter) if t.local_rank == 0 else ShardSet(self.index, "train")
+        shards = (ShardSet(self.index, "train", comm=t.inter, verify="off") if t.local_rank == 0
+                  else ShardSet(self.index, "train", verify="off"))
         ld = self.loader(shards)
         reader = NodeReader(ld, t.intra, slots=2)
         self.prepare(cache)
@@ -185,18 +214,19 @@ class Bench:
         reader.close()
         shards.close()
 
-    def full_loader(self, cache):
-        shards = ShardSet(self.index, "train")
+    def full_loader(self, cache, verify="off"):
+        shards = ShardSet(self.index, "train", verify=verify)
         ld = self.loader(shards)
         self.prepare(cache)
         n, dt = self.timed(lambda: sum(len(y) for _, y in ld.epoch(0)))
-        self.row("full loader (+ float32 normalisation, prefetch thread)", cache, n, dt)
+        self.row(f"{LOADER} (+ float32 normalisation, prefetch thread)" if verify == "off" else
+                 f"{LOADER}, SHA-256 at first open in its thread (first epoch)", cache, n, dt)
         ld.close()
         shards.close()
 
     def random(self, cache):
         import h5py
-        shards = ShardSet(self.index, "train")
+        shards = ShardSet(self.index, "train", verify="off")
         rng = np.random.default_rng(1 + self.topo.rank)
         count = self.args.random_samples * (20 if self.sample_bytes < 10_000 else 1)
         picks = rng.permutation(shards.num_samples)[:count]
@@ -265,10 +295,34 @@ def table(rows: list, job: dict, header: str) -> str:
         vc = r["mb_per_s"] / cat[key]["mb_per_s"] if key in cat else float("nan")
         out.append(f"{r['data']:<13} {r['method']:<66} {r['cache']:<5} {r['samples_per_s']:>10.0f} "
                    f"{r['mb_per_s']:>8.0f} {vr:>8.1f}x {100 * vc:>6.0f}%")
+    out += integrity(rows)
     out.append(f"default job (digits CNN, global batch 64, HDF5 {job['driver']}, {job['steps']} steps, "
                f"{job['step_ms']:.2f} ms/step): "
                f"data-wait share {100 * job['wait_share_mean']:.2f} % (worst rank {100 * job['wait_share_max']:.2f} %)")
     return "\n".join(out)
+
+
+def integrity(rows: list) -> list[str]:
+    """One line per cache state: the check's cost against the same run's unchecked rows."""
+    out = []
+    for cache in ("cold", "warm"):
+        got = {}
+        for r in rows:
+            for m in (CHECK, FIRST, PLAIN):
+                if r["cache"] == cache and r["data"] == rows[0]["data"] and r["method"].startswith(m):
+                    got.setdefault(m, r)                          # the first: serial before auto
+        if CHECK not in got or PLAIN not in got:
+            continue
+        line = (f"integrity ({cache}): the check at open took {got[CHECK]['seconds']:.2f} s "
+                f"({got[CHECK]['mb_per_s']:.0f} MB/s); a job's first epoch reads at "
+                f"{100 * got[FIRST]['samples_per_s'] / got[PLAIN]['samples_per_s']:.0f} % of the unchecked block plan, "
+                f"later epochs at 100 % (same reads)")
+        loaders = [r for r in rows if r["cache"] == cache and r["method"].startswith(LOADER)]
+        if len(loaders) == 2:
+            line += (f"; full loader checking at first open: "
+                     f"{100 * loaders[1]['samples_per_s'] / loaders[0]['samples_per_s']:.0f} % of unchecked")
+        out.append(line)
+    return out
 
 
 def section(b: Bench, full: bool) -> None:
@@ -279,10 +333,14 @@ def section(b: Bench, full: bool) -> None:
             b.rows.pop()
         b.cat(cache)
         b.plan(cache, "serial")
+        if full:
+            b.check(cache)
+            b.plan_checked(cache)
         if cache == "warm" and full:
             b.plan(cache, "auto")
             b.node(cache)
             b.full_loader(cache)
+            b.full_loader(cache, verify="shared")
         b.random(cache)
 
 

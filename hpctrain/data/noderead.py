@@ -13,7 +13,8 @@ memory barrier, the MPI-3 shared-memory pattern of Hoefler et al., "MPI+MPI", Co
 ``ready[slot]`` holds the sequence number of the batch in the slot, ``taken[slot, local_rank]``
 the last one each rank copied out. Sequence numbers are ``call * 2**32 + step + 1`` where
 ``call`` counts :meth:`start` calls, identical on the node's ranks because they train in step.
-JPEG shards are decoded by the reader rank (the slots have a fixed size).
+JPEG shards are decoded by the reader rank (the slots have a fixed size). The reader's shards
+are SHA-256-checked (``shards.py``); the other ranks of the node trust its verdict.
 """
 from __future__ import annotations
 
@@ -42,6 +43,11 @@ class NodeReader:
         self.loader, self.comm, self.slots = loader, node_comm, max(int(slots), 1)
         self.local_rank, self.local_size = node_comm.Get_rank(), node_comm.Get_size()
         self.ranks = node_comm.allgather(loader.rank)       # world rank of each local rank
+        # the reader checked the shards' SHA-256 (same files): the others' sets need not hash them
+        # again when read outside the window (train.py's model check reads two samples)
+        verified = node_comm.bcast(sorted(loader.shards.verified) if self.local_rank == 0 else None, root=0)
+        if self.local_rank:
+            loader.shards.mark_verified(verified)
         idx = loader.shards.index
         self.shape, self.dtype = tuple(idx.sample_shape), np.dtype(idx.dtype)
         b = loader.batch_size

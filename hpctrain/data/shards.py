@@ -9,7 +9,9 @@ A dataset is a directory::
 ``num_classes``, ``class_names``, ``normalize`` ({"mean": [...], "std": [...]} per channel, in raw
 units, from the train split) and ``splits``: ``{"train": {"num_samples": N, "shards": [{"file",
 "num_samples", "sha256"}, …]}, …}``. Each shard file holds datasets ``x`` (N, *sample_shape) and
-``y`` (N,) int64, with attributes ``format``, ``version``, ``split``, ``shard``.
+``y`` (N,) int64, with attributes ``format``, ``version``, ``split``, ``shard``. A ``file`` is a
+relative path that stays inside the directory (lexically: not absolute, no ``..``); symlinks in
+the directory are followed, as its owner may assemble a dataset from several file systems.
 
 Version 2 adds ``encoding``: ``"raw"`` (the v1 layout; a v1 index means raw) or ``"jpeg"``, where
 ``x`` is (N,) variable-length uint8 (h5py ``vlen_dtype``), one encoded image per sample, and
@@ -17,6 +19,28 @@ Version 2 adds ``encoding``: ``"raw"`` (the v1 layout; a v1 index means raw) or 
 Files are written by ``shardwriter.py``. Samples are addressed by a global index per split;
 :meth:`ShardSet.read_range` turns a contiguous index range into one slice per shard touched —
 never per-sample reads.
+
+Integrity (``ShardSet(verify=…)``, default ``"shared"``): no byte of a shard is used before the
+whole file's SHA-256 has matched the index. With a communicator the check runs when the set is
+opened, collectively: shard *k* is hashed by rank ``k % P`` of the ``P`` ranks and the verdicts
+are allgathered, so every rank raises the same :class:`ShardError` naming the first bad shard,
+even when only one rank saw it (``"node"``: the ranks of each node share the work over their own
+view of the files, for node-local copies; ``"off"``: no hashing). Without a communicator each
+shard is hashed by the process when it first opens it (in the loader's thread when the loader
+reads). Why whole files, once per job:
+
+* it is the field every existing index has: v1 and v2 directories are checked as they are;
+* it covers every byte — HDF5 metadata, JPEG bytes in HDF5's global heap, free space — where
+  per-block digests would need a new index field and each sample's file offset, which JPEG
+  shards do not have, and HDF5 Fletcher32 needs chunked datasets (no ``pread`` path) and does
+  not cover metadata;
+* its cost is one extra read of the split per job, spread over all ranks (ImageNet, 1000 shards
+  of 140 MB on 2048 ranks: at most one shard per rank, ≈0.1 s of SHA-256), where hashing at first
+  open on every rank would read up to P times the dataset (the block plan takes every rank through
+  most shards) and per-read digests would cost every epoch.
+
+It does not see a file changed on disk after the check (labels stay range-checked on every read,
+and HDF5 checks its own structures).
 """
 from __future__ import annotations
 
@@ -24,7 +48,9 @@ import atexit
 import hashlib
 import json
 import os
+import time
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import h5py
@@ -38,10 +64,17 @@ VERSION = 2
 READABLE_VERSIONS = (1, 2)
 ENCODINGS = ("raw", "jpeg")
 INDEX = "index.json"
+VERIFY_MODES = ("shared", "node", "off")
+HASH_THREADS = max(1, min(4, os.cpu_count() or 1))   # files hashed at once by one process (no comm, 1 rank)
 
 
 class ShardError(Exception):
-    """A shard directory or file is missing, truncated or inconsistent (message names the file)."""
+    """A shard directory or file is missing, truncated, changed or inconsistent (message names the file).
+
+    Raised on every rank at once by the collective checksum pass; raised by one rank alone when
+    its reads find it (a label out of range, a file cut short after the check, a set opened
+    without a communicator).
+    """
 
 
 def shard_name(split: str, i: int, n: int) -> str:
@@ -114,26 +147,67 @@ def read_index(directory: str) -> ShardIndex:
     for key in ("sample_shape", "dtype", "num_classes", "splits"):
         if key not in meta:
             raise ShardError(f"{path}: missing field {key!r}")
+    if not isinstance(meta["splits"], dict):
+        raise ShardError(f"{path}: field 'splits' is {type(meta['splits']).__name__}, expected an object")
     for name, sp in meta["splits"].items():
-        counted = sum(s["num_samples"] for s in sp["shards"])
-        if counted != sp["num_samples"]:
-            raise ShardError(f"{path}: split {name!r} says {sp['num_samples']} samples, shards hold {counted}")
+        _check_split(path, name, sp)
     return ShardIndex(directory=directory, sample_shape=tuple(meta["sample_shape"]), dtype=meta["dtype"],
                       num_classes=int(meta["num_classes"]), class_names=list(meta.get("class_names", [])),
                       normalize=meta.get("normalize", {}), splits=meta["splits"],
                       encoding=meta.get("encoding", "raw"))
 
 
+def _check_split(path: str, name: str, sp) -> None:
+    """One split of the index: counts add up, every entry complete, every ``file`` inside the directory."""
+    where = f"{path}: split {name!r}"
+    if not isinstance(sp, dict):
+        raise ShardError(f"{where}: expected an object with 'num_samples' and 'shards'")
+    for key, ok, what in (("num_samples", _is_count, "a count"), ("shards", lambda v: isinstance(v, list), "a list")):
+        if key not in sp:
+            raise ShardError(f"{where}: missing field {key!r}")
+        if not ok(sp[key]):
+            raise ShardError(f"{where}: field {key!r} is {sp[key]!r:.40}, expected {what}")
+    for k, e in enumerate(sp["shards"]):
+        field = f"{where} shard {k}"
+        if not isinstance(e, dict):
+            raise ShardError(f"{field}: expected an object with 'file', 'num_samples', 'sha256'")
+        for key in ("file", "num_samples", "sha256"):
+            if key not in e:
+                raise ShardError(f"{field}: missing field {key!r}")
+        f = e["file"]
+        parts = f.replace("\\", "/").split("/") if isinstance(f, str) else []
+        if not f or not isinstance(f, str) or os.path.isabs(f) or ".." in parts or "\0" in f or f.strip("./") == "":
+            raise ShardError(f"{field}: field 'file' is {f!r}: must be a relative path inside the shard "
+                             f"directory (not absolute, no '..')")
+        if not _is_count(e["num_samples"]):
+            raise ShardError(f"{field}: field 'num_samples' is {e['num_samples']!r}, expected a count")
+        if not (isinstance(e["sha256"], str) and len(e["sha256"]) == 64
+                and all(c in "0123456789abcdefABCDEF" for c in e["sha256"])):
+            raise ShardError(f"{field}: field 'sha256' is {e['sha256']!r}, expected 64 hex digits")
+    counted = sum(e["num_samples"] for e in sp["shards"])
+    if counted != sp["num_samples"]:
+        raise ShardError(f"{where} says {sp['num_samples']} samples, shards hold {counted}")
+
+
+def _is_count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
 class ShardSet:
     """One split of a shard directory, read by global sample index in contiguous ranges.
 
     Each opened file is checked against the index (sample count, shape, dtype) so a truncated or
-    foreign file fails with its name; labels are range-checked on every read. With the serial
-    driver files open lazily; with ``mpio`` (``comm`` given, see ``hdf5.py``) all of them open
-    collectively here, and :meth:`close` is collective too.
+    foreign file fails with its name; labels are range-checked on every read. ``verify`` (see the
+    module docstring): with ``comm`` given, construction is collective — every shard's SHA-256 is
+    checked here, shared over the ranks, before anything is opened; without, a shard is hashed by
+    this process when first opened. With the serial driver files open lazily; with ``mpio`` (see
+    ``hdf5.py``) all of them open collectively here, and :meth:`close` is collective too.
     """
 
-    def __init__(self, index: ShardIndex, split: str, *, comm=None, driver: str = "auto"):
+    def __init__(self, index: ShardIndex, split: str, *, comm=None, driver: str = "auto",
+                 verify: str = "shared"):
+        if verify not in VERIFY_MODES:
+            raise ValueError(f"shard verification {verify!r}: expected one of {' | '.join(VERIFY_MODES)}")
         self.index = index
         self.split_name = split
         self.entries = index.split(split)["shards"]
@@ -142,11 +216,16 @@ class ShardSet:
         self.num_samples = int(self.starts[-1])
         self.comm = comm
         self.driver, self.driver_reason = choose_driver(driver, comm)
+        self.verify_mode = verify
+        self.verified: set[int] = set()           # shards whose SHA-256 matched (here or on the node reader)
+        self.verify_s, self.verify_ranks = 0.0, 0  # seconds this process hashed; ranks that shared the pass
         self._files: dict[int, h5py.File] = {}
         self._datasets: dict[int, tuple] = {}
         self._direct: dict[int, tuple] = {}       # (x, y) DirectExtent or None, serial driver only
         self._fds: dict[int, int] = {}
         atexit.register(_close_at_exit, weakref.ref(self))   # before h5py tears files down at exit
+        if verify != "off" and comm is not None:
+            self._verify_collective()
         if self.driver == "mpio":
             for i in range(len(self.entries)):
                 self._open(i)
@@ -155,17 +234,78 @@ class ShardSet:
         return os.path.join(self.index.directory, self.entries[i]["file"])
 
     def describe(self) -> str:
-        """One line for the start-up log: driver, why, files, sample layout."""
+        """One line for the start-up log: driver, why, files, sample layout, integrity check."""
         how = (f"parallel HDF5 (driver='mpio', collective open over {self.comm.Get_size()} ranks, "
                f"independent reads)" if self.driver == "mpio" else
                f"serial per-shard files, contiguous datasets read by pread ({self.driver_reason})")
+        if self.verify_mode == "off":
+            check = "SHA-256 not checked (verify off)"
+        elif self.verify_ranks:
+            check = (f"SHA-256 of every shard checked at open, {self.verify_mode} over {self.verify_ranks} "
+                     f"rank(s) ({self.verify_s:.2f} s here)")
+        else:
+            check = "SHA-256 of each shard checked when this process first opens it"
         return (f"data {self.split_name}: {how}; {len(self.entries)} shard(s), {self.num_samples} samples, "
-                f"{self.index.encoding} {self.index.dtype} {tuple(self.index.sample_shape)}")
+                f"{self.index.encoding} {self.index.dtype} {tuple(self.index.sample_shape)}; {check}")
+
+    # --- integrity -----------------------------------------------------------------------------
+
+    def _sha256_problem(self, i: int) -> str | None:
+        """``None`` when shard ``i`` hashes to its index entry, else the one-line reason."""
+        path, want = self.path(i), self.entries[i]["sha256"].lower()
+        try:
+            got = file_sha256(path)
+        except FileNotFoundError:
+            return f"{path}: shard file missing"
+        except OSError as exc:
+            return f"{path}: cannot read shard ({exc.strerror or exc})"
+        return None if got == want else f"{path}: checksum mismatch (file changed or truncated)"
+
+    def _first_problem(self, shards: list[int], threads: int) -> tuple[int, str] | None:
+        """Hash ``shards`` (``threads`` at once: hashlib and reads release the GIL); the lowest bad one."""
+        t0 = time.perf_counter()
+        if threads > 1 and len(shards) > 1:
+            with ThreadPoolExecutor(min(threads, len(shards)), thread_name_prefix="hpctrain-sha256") as pool:
+                found = list(pool.map(self._sha256_problem, shards))
+        else:
+            found = [self._sha256_problem(i) for i in shards]
+        self.verify_s += time.perf_counter() - t0
+        return next(((i, p) for i, p in zip(shards, found) if p), None)
+
+    def _verify_collective(self) -> None:
+        """Collective over ``comm``: each shard hashed by one rank (of the node, with ``node``), verdicts
+        allgathered; every rank raises the same ShardError naming the lowest bad shard."""
+        from mpi4py import MPI
+        comm = self.comm
+        group = comm.Split_type(MPI.COMM_TYPE_SHARED) if self.verify_mode == "node" else comm
+        try:
+            rank, size = group.Get_rank(), group.Get_size()
+            threads = 1 if comm.Get_size() > 1 else HASH_THREADS
+            problem = self._first_problem(list(range(rank, len(self.entries), size)), threads)
+        except Exception as exc:          # never leave the other ranks waiting in the allgather
+            problem = (-1, f"{self.index.directory}: checksum pass failed on rank {comm.Get_rank()}: {exc}")
+        finally:
+            if group is not comm:
+                group.Free()
+        problems = [p for p in comm.allgather(problem) if p]
+        if problems:
+            raise ShardError(min(problems)[1])
+        self.verify_ranks = size
+        self.verified.update(range(len(self.entries)))
+
+    def mark_verified(self, shards) -> None:
+        """Trust ``shards`` as checked by another process reading the same files (the node reader)."""
+        self.verified.update(int(i) for i in shards)
 
     def _open(self, i: int) -> h5py.File:
         if i in self._files:
             return self._files[i]
         entry, path = self.entries[i], self.path(i)
+        if self.verify_mode != "off" and i not in self.verified:
+            problem = self._first_problem([i], 1)    # without a communicator: at first open, here
+            if problem:
+                raise ShardError(problem[1])
+            self.verified.add(i)
         if not os.path.exists(path):
             raise ShardError(f"{path}: shard file missing")
         try:
@@ -288,13 +428,11 @@ class ShardSet:
             self._check_labels(self._datasets[i][1][:], i, 0)
 
     def verify(self) -> None:
-        """Check every shard's SHA-256 against the index (reads every byte)."""
-        for i, e in enumerate(self.entries):
-            path = self.path(i)
-            if not os.path.exists(path):
-                raise ShardError(f"{path}: shard file missing")
-            if file_sha256(path) != e["sha256"]:
-                raise ShardError(f"{path}: checksum mismatch (file changed or truncated)")
+        """Check every shard's SHA-256 against the index now (reads every byte; local, threaded)."""
+        problem = self._first_problem(list(range(len(self.entries))), HASH_THREADS)
+        if problem:
+            raise ShardError(problem[1])
+        self.verified.update(range(len(self.entries)))
 
     def close(self) -> None:
         """Close the open files (collective with ``mpio``: every rank must call it)."""

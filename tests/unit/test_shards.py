@@ -104,11 +104,22 @@ def test_index_count_mismatch(npz_dataset):
         read_index(d)
 
 
+def _rehash(d):
+    """Record the files' current SHA-256 in the index: the structural checks behind the checksum run."""
+    from hpctrain.data.shards import file_sha256
+    meta = json.load(open(os.path.join(d, "index.json")))
+    for sp in meta["splits"].values():
+        for e in sp["shards"]:
+            e["sha256"] = file_sha256(os.path.join(d, e["file"]))
+    json.dump(meta, open(os.path.join(d, "index.json"), "w"))
+
+
 def _rewrite(path, key, data):
     import h5py
     with h5py.File(path, "r+") as fh:
         del fh[key]
         fh.create_dataset(key, data=data)
+    _rehash(os.path.dirname(path))
 
 
 def test_wrong_dtype_shape_and_missing_dataset(npz_dataset):
@@ -119,6 +130,7 @@ def test_wrong_dtype_shape_and_missing_dataset(npz_dataset):
     import h5py
     with h5py.File(p3, "r+") as fh:
         del fh["y"]
+    _rehash(d)
     s = ShardSet(read_index(d), "train")
     with pytest.raises(ShardError, match=r"train-00001-of-00004.h5: dataset 'x' has dtype float32, index says uint8"):
         s._open(1)
@@ -170,6 +182,7 @@ def test_direct_reads_and_h5py_fallback_agree(npz_dataset):
         data = fh["x"][:]
         del fh["x"]
         fh.create_dataset("x", data=data, chunks=(4, 3, 5, 4))
+    _rehash(d)
     s = ShardSet(read_index(d), "train")
     gx, gy = s.read_range(10, 90)
     np.testing.assert_array_equal(gx, x[10:90])
@@ -182,5 +195,6 @@ def test_cut_tail_is_reported_as_truncated(npz_dataset):
     path = os.path.join(d, "train-00003-of-00004.h5")
     with open(path, "r+b") as fh:
         fh.truncate(os.path.getsize(path) - 100)
+    _rehash(d)
     with pytest.raises(ShardError, match="train-00003-of-00004.h5: (truncated|cannot open shard)"):
         ShardSet(read_index(d), "train").check()
