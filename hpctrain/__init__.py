@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"   # the one place: setup.cfg reads it (version = attr: hpctrain.__version__)
 
 _EXPORTS = {
     "init": "hpctrain.api", "broadcast_parameters": "hpctrain.api", "allreduce_metrics": "hpctrain.api",

@@ -90,6 +90,8 @@ def train_main(argv: list[str]) -> int:
             print(f"hpctrain: {exc}", file=sys.stderr)
         return 3
     except (ConfigError, UserError) as exc:
+        if isinstance(exc, UserError) and not exc.agreed:
+            raise                   # this rank's alone: the abort hook prints it and ends every rank
         if comm.Get_rank() == 0:
             print(f"hpctrain: error: {exc}", file=sys.stderr)
         return 2
@@ -106,6 +108,9 @@ def format_summary(s: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] in (["--version"], ["-V"]):
+        print(f"hpctrain {importlib.import_module('hpctrain').__version__}")
+        return 0
     name, rest = (argv[0], argv[1:]) if argv and argv[0] in SUBCOMMANDS else ("train", argv)
     mod_name, _, fn = SUBCOMMANDS[name].partition(":")
     try:

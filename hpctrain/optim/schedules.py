@@ -40,7 +40,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-__all__ = ["ScheduleSpec", "lr_at", "linear_scaled_lr", "mlperf_lars_base_lr",
+__all__ = ["ScheduleSpec", "lr_at", "linear_scaled_lr", "describe_lr", "mlperf_lars_base_lr",
            "mlperf_lars_warmup_epochs", "spec_from_config", "KINDS", "WARMUPS"]
 
 KINDS = ("constant", "step", "cosine", "poly")
@@ -114,6 +114,31 @@ def lr_at(step: int, spec: ScheduleSpec) -> float:
 def linear_scaled_lr(base_lr: float, global_batch: int, base_batch: int = 256) -> float:
     """Goyal et al. linear scaling rule: ``base_lr * global_batch / base_batch``."""
     return base_lr * global_batch / base_batch
+
+
+def describe_lr(cfg_optim, global_batch: int) -> str:
+    """One line stating the peak lr a run uses and why, for the start-up output, e.g.
+    ``lr 0.025 = 0.1 x 64/256 (optim.scale_lr; set optim.scale_lr=false to use 0.1 as given)``.
+
+    ``cfg_optim`` is the ``optim`` config section (``lr``, ``base_batch``, ``scale_lr``, ``name``);
+    the number is the one :func:`spec_from_config` computes.
+    """
+    lr = getattr(cfg_optim, "lr", None)
+    base_batch = getattr(cfg_optim, "base_batch", 256)
+    scale = getattr(cfg_optim, "scale_lr", True)
+    name = getattr(cfg_optim, "name", "sgd")
+    if lr is None and name == "lars":
+        return (f"lr {mlperf_lars_base_lr(global_batch):g} (MLPerf LARS table for global batch "
+                f"{global_batch}; set optim.lr to choose)")
+    given = 0.1 if lr is None else lr
+    if not scale:
+        return f"lr {given:g} as given (optim.scale_lr=false)"
+    peak = linear_scaled_lr(given, global_batch, base_batch)
+    if global_batch == base_batch:
+        return (f"lr {peak:g} = {given:g} x {global_batch}/{base_batch} (optim.scale_lr; the global batch "
+                f"equals optim.base_batch)")
+    return (f"lr {peak:g} = {given:g} x {global_batch}/{base_batch} (optim.scale_lr; set "
+            f"optim.scale_lr=false to use {given:g} as given)")
 
 
 def mlperf_lars_base_lr(global_batch: int) -> float:

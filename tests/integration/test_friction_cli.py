@@ -1,0 +1,40 @@
+"""Issue 17 end to end: ``--model path/to/file.py:factory`` trains, from any working directory."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from tests.integration.mpirun import ENV
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+MODEL = '''
+import torch
+def make(num_classes, in_channels):
+    """(batch, C, L) sequences: one conv over the channel axis, then a linear head."""
+    return torch.nn.Sequential(torch.nn.Conv1d(in_channels, 4, 3, padding=1), torch.nn.ReLU(),
+                               torch.nn.Flatten(), torch.nn.LazyLinear(num_classes))
+'''
+
+
+def test_model_file_path_factory_trains_one_step(tmp_path):
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "train.npz", x=rng.normal(size=(64, 1, 16)).astype(np.float32), y=rng.integers(0, 3, 64))
+    np.savez(tmp_path / "test.npz", x=rng.normal(size=(16, 1, 16)).astype(np.float32), y=rng.integers(0, 3, 16))
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "conv.py").write_text(MODEL)
+    env = {**os.environ, **ENV, "PYTHONPATH": ROOT}
+    r = subprocess.run([sys.executable, "-m", "data_tools", "convert", "--from", "npz", "train.npz", "test.npz",
+                        "--out", "shards", "--no-progress"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "train 64, test 16" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "hpctrain", "--model", "models/conv.py:make", "--data", "shards",
+                        "--run-dir", "run", "--no-progress", "--max-steps", "1", "--batch-size", "16"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = [json.loads(x) for x in open(tmp_path / "run" / "metrics.jsonl")]
+    assert lines[-1]["event"] == "summary" and lines[-1]["steps"] == 1, lines[-1]
+    assert lines[0]["config"]["model"]["name"] == "models/conv.py:make"
