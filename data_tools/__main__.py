@@ -7,7 +7,8 @@ import argparse
 import os
 import sys
 
-from data_tools.sources import MAX_CLASSES, MAX_SAMPLE_BYTES, SOURCES, SourceError, check_sample_bytes, register_all
+from data_tools.sources import (MAX_CLASSES, MAX_SAMPLE_BYTES, SOURCES, STORE_DTYPES, SourceError, cast_source,
+                                check_sample_bytes, register_all)
 from hpctrain.data.shards import ShardError
 
 
@@ -22,6 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
                               f"in [0, 1) leaving a training sample; integer or real float samples, finite "
                               f"unless --allow-nonfinite; ImageFolder entries must be regular files.")
     c.add_argument("src", nargs="?", help="source file or folder (not needed for digits)")
+    c.add_argument("test_src", nargs="?", metavar="TEST_SRC",
+                   help="npz only: a second .npz holding the test split (x, y); same as --test-file")
     c.add_argument("--from", dest="kind", required=True, choices=sorted(SOURCES))
     c.add_argument("--out", required=True, help="output shard directory")
     c.add_argument("--shards", type=int, default=1, help="shards per split")
@@ -29,7 +32,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--encode", choices=("raw", "jpeg"), default="raw",
                    help="raw: decoded uint8 arrays; jpeg: encoded bytes (vlen), decoded by the loader")
     c.add_argument("--test-fraction", type=float, default=0.2,
-                   help="held-out share in [0, 1) when the source has no test split")
+                   help="held-out share in [0, 1) when the source has no test split (said when used)")
+    c.add_argument("--test-file", metavar="NPZ",
+                   help="npz only: the test split from this .npz (arrays x, y) instead of a held-out share")
+    c.add_argument("--dtype", choices=STORE_DTYPES,
+                   help="store float samples as this dtype (float64 input is otherwise stored as float64, "
+                        "twice the bytes; the model computes in float32 either way)")
     c.add_argument("--allow-nonfinite", action="store_true",
                    help="convert float samples holding NaN/inf (refused by default: they train to NaN); "
                         "bool, complex and object samples are always refused (store bool as uint8)")
@@ -39,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
     v = sub.add_parser("verify", help="check every shard against the index (checksums, shapes, labels)")
     v.add_argument("dir")
-    i = sub.add_parser("inspect", help="print a summary; --grid writes a PNG of sample images")
+    i = sub.add_parser("inspect", help="print a summary; --grid writes a PNG of samples "
+                                       "(images, or a line plot per sample of 1-D data)")
     i.add_argument("dir")
     i.add_argument("--grid", metavar="PNG", help="write a grid of the first samples to this PNG")
     i.add_argument("--split", default="train")
@@ -59,18 +68,30 @@ def _convert(args) -> str:
         check_sample_bytes((3, *args.size), "uint8", f"--size {args.size[0]} {args.size[1]}")
     if not 0 <= args.test_fraction < 1:
         raise ValueError(f"--test-fraction {args.test_fraction}: must be in [0, 1)")
+    if args.test_src and args.test_file and args.test_src != args.test_file:
+        raise ValueError(f"two test files: {args.test_src} and --test-file {args.test_file}; give one")
+    test_file = args.test_file or args.test_src
+    if test_file and args.kind != "npz":
+        raise ValueError(f"{test_file}: a test file is read by --from npz only (--from {args.kind} has one source)")
     names = [n.strip() for n in args.class_names.split(",")] if args.class_names else None
+    extra = {"test_file": test_file} if test_file else {}
     source = SOURCES[args.kind](args.src, test_fraction=args.test_fraction, seed=args.seed,
                                 size=tuple(args.size) if args.size else None, encode=args.encode, class_names=names,
-                                allow_nonfinite=args.allow_nonfinite)
+                                allow_nonfinite=args.allow_nonfinite, **extra)
+    source = cast_source(source, args.dtype)
     src = os.path.abspath(args.src) if args.src else ""
     tag = f"{args.kind}|{src}|{os.path.getmtime(src) if src and os.path.exists(src) else ''}|{args.seed}|{args.test_fraction}"
+    if test_file or args.dtype:              # a different test file or dtype must not resume old shards
+        tfile = os.path.abspath(test_file) if test_file else ""
+        tag += f"|{tfile}|{os.path.getmtime(tfile) if tfile and os.path.exists(tfile) else ''}|{args.dtype or ''}"
     meta = convert(source, args.out, args.shards, comm=comm, tag=tag, resume=not args.no_resume,
                    progress=not args.no_progress)
     counts = ", ".join(f"{k} {v['num_samples']}" for k, v in meta["splits"].items())
     skipped = f" ({meta['skipped_shards']} finished shard(s) verified and kept)" if meta["skipped_shards"] else ""
+    notes = "".join(f"\nnote: {n}" for n in source.notes)
     return (f"wrote {args.out}: {counts} samples, {meta['encoding']} {meta['dtype']} "
-            f"{tuple(meta['sample_shape'])}, {meta['num_classes']} classes on {comm.Get_size()} rank(s){skipped}")
+            f"{tuple(meta['sample_shape'])}, {meta['num_classes']} classes on {comm.Get_size()} rank(s){skipped}"
+            f"{notes}")
 
 
 def main(argv=None) -> int:

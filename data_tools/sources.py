@@ -64,6 +64,7 @@ class Source:
     encoding: str = "raw"
     origin: str = ""                       # names the source in error messages
     extra: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)   # said after the "wrote" line (a split made here, a dtype)
 
 
 def held_out_count(n: int, test_fraction: float, origin: str) -> int:
@@ -252,14 +253,32 @@ def read_npz(src: str) -> dict:
         raise SourceError(f"{src}: not a readable .npz ({type(exc).__name__}: {exc})") from None
 
 
+def _npz_test_file(arrays: dict, src: str, test_file: str) -> None:
+    """Add ``x_test``/``y_test`` to ``arrays`` from a separate test ``.npz`` (its ``x``/``y``, or its
+    own ``x_test``/``y_test`` if it holds only those)."""
+    if "x_test" in arrays or "y_test" in arrays:
+        raise SourceError(f"{src}: has its own x_test/y_test and a test file {test_file} was given too; "
+                          f"use one of them")
+    test = read_npz(test_file)
+    xk, yk = ("x", "y") if "x" in test or "y" in test else ("x_test", "y_test")
+    for key in (xk, yk):
+        if key not in test:
+            raise SourceError(f"{test_file}: missing array {key!r} (has {', '.join(test) or 'none'})")
+    arrays["x_test"], arrays["y_test"] = test[xk], test[yk]
+
+
 @source("npz")
 def load_npz(src: str | None, *, test_fraction: float = 0.2, seed: int = 0, size=None, encode="raw",
-             class_names=None, allow_nonfinite: bool = False, **_):
-    """A ``.npz`` with arrays ``x`` and ``y`` (and optionally ``x_test``, ``y_test``)."""
+             class_names=None, allow_nonfinite: bool = False, test_file: str | None = None, **_):
+    """A ``.npz`` with arrays ``x`` and ``y`` (and optionally ``x_test``, ``y_test``), or a train
+    ``.npz`` plus a test ``.npz`` (``test_file``, its arrays ``x``/``y``). Without a test split a
+    seeded ``test_fraction`` split is made, and said in :attr:`Source.notes`."""
     arrays = read_npz(src)
     for key in ("x", "y"):
         if key not in arrays:
             raise SourceError(f"{src}: missing array {key!r} (has {', '.join(arrays) or 'none'})")
+    if test_file:
+        _npz_test_file(arrays, src, test_file)
     if ("x_test" in arrays) != ("y_test" in arrays):
         raise SourceError(f"{src}: 'x_test' and 'y_test' must come together")
     pairs = [("x", "y"), ("x_test", "y_test")] if "x_test" in arrays else [("x", "y")]
@@ -271,15 +290,63 @@ def load_npz(src: str | None, *, test_fraction: float = 0.2, seed: int = 0, size
             raise SourceError(f"{src}: {xk!r} has {len(arrays[xk])} samples but {yk!r} has {len(arrays[yk])}")
     if "x_test" in arrays:
         splits = {"train": (arrays["x"], arrays["y"]), "test": (arrays["x_test"], arrays["y_test"])}
+        note = f"test split: {test_file}" if test_file else f"test split: x_test/y_test of {src}"
     else:
         splits = train_test_split(arrays["x"], arrays["y"], test_fraction, seed, src)
+        n, n_test = len(arrays["y"]), len(splits["test"][1])
+        note = (f"{src} has no test split (x_test/y_test): {n_test} of its {n} samples "
+                f"({test_fraction:.0%}, --test-fraction, seed {seed}) were held out as the test split; "
+                f"give a test file (--test-file TEST.npz) to use your own")
     for name, (x, y) in splits.items():
         if x.shape[1:] != splits["train"][0].shape[1:] or x.dtype != splits["train"][0].dtype:
             raise SourceError(f"{src}: split {name} has {x.dtype} {x.shape[1:]}, train has "
                               f"{splits['train'][0].dtype} {splits['train'][0].shape[1:]}")
     names = class_names or [str(c) for c in range(n_classes)]
     # the finiteness scan ran above, on the arrays as stored: no second pass
-    return from_arrays(splits, names, src, size=size, encode=encode, allow_nonfinite=True)
+    out = from_arrays(splits, names, src, size=size, encode=encode, allow_nonfinite=True)
+    out.notes.append(note)
+    return out
+
+
+STORE_DTYPES = ("float32", "float16")
+
+
+def cast_source(source: Source, dtype: str | None) -> Source:
+    """Store float samples as ``dtype`` (``--dtype``); without one, a note when float64 is stored
+    (twice the bytes of float32, which is what the model computes in anyway)."""
+    if dtype is None:
+        if source.dtype == "float64":
+            source.notes.append("samples are stored as float64 (8 bytes a value, as given); the loader "
+                                "feeds the model float32, so --dtype float32 halves the shards at no cost")
+        return source
+    if dtype not in STORE_DTYPES:
+        raise SourceError(f"--dtype {dtype}: choose one of {', '.join(STORE_DTYPES)}")
+    if np.dtype(source.dtype).kind != "f" or source.encoding != "raw":
+        raise SourceError(f"{source.origin}: --dtype {dtype} converts float samples; these are "
+                          f"{source.encoding} {source.dtype}")
+    if source.dtype == dtype:
+        return source
+    if dtype == "float16":
+        source.notes.append("float16 keeps about 3 significant digits and overflows above 65504; "
+                            "check the data's range")
+
+    def cast(read):
+        def read_cast(lo: int, hi: int) -> Chunk:
+            c = read(lo, hi)
+            raw = np.asarray(c.x)
+            with np.errstate(over="ignore"):
+                x = raw.astype(dtype)
+            if dtype == "float16" and not np.isfinite(x).all() and np.isfinite(raw).all():
+                k = lo + int(np.flatnonzero(~np.isfinite(x).reshape(len(x), -1).all(axis=1))[0])
+                raise SourceError(f"{source.origin}: sample {k} overflows float16 (|x| > 65504); "
+                                  f"use --dtype float32")
+            return Chunk(x, c.y, x)
+        return read_cast
+
+    source.notes.append(f"samples converted from {source.dtype} to {dtype} (--dtype)")
+    source.splits = {k: SplitSource(s.num_samples, cast(s.read)) for k, s in source.splits.items()}
+    source.dtype = dtype
+    return source
 
 
 def register_all() -> None:
