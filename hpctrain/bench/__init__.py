@@ -8,6 +8,7 @@ BENCHES = {
     "allreduce": "hpctrain.bench.allreduce",
     "io": "hpctrain.bench.io",
     "kernels": "hpctrain.bench.kernels",
+    "step": "hpctrain.bench.step",
     "sync": "hpctrain.bench.sync",
 }
 

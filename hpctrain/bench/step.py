@@ -1,0 +1,250 @@
+"""Training-step benchmark: hpctrain configurations against torch DDP (gloo), in one MPI job.
+
+    mpiexec -n 2 .venv/bin/python -m hpctrain bench step [--models digits_cnn,resnet20,mlp]
+            [--configs default,flat,...] [--batch 32] [--steps 8] [--rounds 5] [--json FILE]
+
+What users compare: whole steps (forward, backward, gradient sync, SGD-momentum update) on
+synthetic data, per-rank batch ``--batch``. Contenders (``--configs``):
+
+* ``nocomm``  the same model and optimiser with no gradient sync: the compute floor;
+* ``ddp``     ``torch.nn.parallel.DistributedDataParallel`` over gloo with its defaults (the
+              baseline of every ratio); ``horovod`` (``hvd.DistributedOptimizer``) when
+              ``horovod.torch`` imports;
+* hpctrain ``DistributedTrainer``: ``default`` (``CommConfig``'s defaults, what a user who sets
+              nothing runs), and ``STRATEGY[+fp16][+overlap]`` (e.g. ``flat``,
+              ``hierarchical+overlap``, ``flat+fp16``).
+
+Every contender holds its own replica (same initial weights, same data). A round runs every
+contender for ``--steps`` timed steps (after ``--warmup`` untimed ones in the first round) in an
+order that rotates from round to round, so background load on a shared host hits all of them
+alike; a run's time is the slowest rank's. The table shows the median ms/step over rounds and,
+per contender, the median over rounds of the paired ratio DDP time / contender time (> 1: faster
+than DDP), steadier than a ratio of medians.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import os
+import statistics
+import time
+
+import torch
+from mpi4py import MPI
+from torch import nn
+
+from hpctrain.bench.allreduce import init_gloo
+from hpctrain.config import CommConfig
+from hpctrain.models import build_model
+from hpctrain.topology import Topology
+from hpctrain.trainer import DistributedTrainer
+
+DEFAULT_MODELS = "digits_cnn,resnet20,mlp"
+DEFAULT_CONFIGS = ("nocomm,ddp,horovod,default,flat,flat+overlap,hierarchical,hierarchical+overlap,"
+                   "flat+fp16,flat+fp16+overlap")
+INPUTS = {"digits_cnn": (1, 8, 8), "resnet20": (3, 32, 32), "mlp": (1, 8, 8)}
+
+
+def mlp(num_classes: int = 10, in_features: int = 64, width: int = 2048, depth: int = 4) -> nn.Module:
+    """The communication-heavy model: ``depth`` hidden layers of ``width`` (4x2048 on 8x8 inputs:
+    12.7 M parameters, 49 MiB of fp32 gradients for ~70 ms of compute per 32 samples here)."""
+    layers, n_in = [nn.Flatten()], in_features
+    for _ in range(depth):
+        layers += [nn.Linear(n_in, width), nn.ReLU()]
+        n_in = width
+    return nn.Sequential(*layers, nn.Linear(n_in, num_classes))
+
+
+def make_model(name: str) -> nn.Module:
+    if name == "mlp":
+        return mlp()
+    return build_model(name, num_classes=10, in_channels=INPUTS[name][0])
+
+
+def parse_config(name: str) -> dict:
+    """``default`` -> CommConfig's defaults; ``flat+fp16+overlap`` -> strategy, compression, overlap."""
+    d = CommConfig()
+    if name == "default":
+        return {"strategy": d.strategy, "compression": d.compression, "overlap": d.overlap,
+                "bucket_mb": d.bucket_mb}
+    strategy, *flags = name.split("+")
+    unknown = set(flags) - {"fp16", "overlap"}
+    if unknown:
+        raise ValueError(f"--configs: unknown flag(s) {sorted(unknown)} in {name!r} (fp16, overlap)")
+    return {"strategy": strategy, "compression": "fp16" if "fp16" in flags else "none",
+            "overlap": "overlap" in flags, "bucket_mb": d.bucket_mb}
+
+
+def horovod_available() -> bool:
+    try:
+        import horovod.torch  # noqa: F401
+    except Exception:        # ImportError, or a build without torch support
+        return False
+    return True
+
+
+class Contender:
+    """One configuration: ``step(x, y)`` runs a whole training step; ``close()`` releases it."""
+
+    def __init__(self, name: str, model: nn.Module, step, close=lambda: None, describe: str = ""):
+        self.name, self.model, self.step, self.close = name, model, step, close
+        self.describe = describe or name
+
+
+def sgd(model: nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+
+def build(name: str, base: nn.Module, topo: Topology, dist) -> Contender | None:
+    """The contender called ``name`` on a copy of ``base`` (None: not available here)."""
+    model = copy.deepcopy(base)
+    loss_fn = nn.CrossEntropyLoss()
+    if name == "nocomm":
+        opt = sgd(model)
+
+        def step(x, y):
+            opt.zero_grad(set_to_none=False)
+            loss_fn(model(x), y).backward()
+            opt.step()
+        return Contender(name, model, step)
+    if name == "ddp":
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        opt = sgd(ddp)
+
+        def step(x, y):
+            opt.zero_grad(set_to_none=False)
+            loss_fn(ddp(x), y).backward()
+            opt.step()
+        return Contender(name, model, step)
+    if name == "horovod":
+        if not horovod_available():
+            return None
+        import horovod.torch as hvd
+        hvd.init()
+        opt = hvd.DistributedOptimizer(sgd(model), named_parameters=model.named_parameters())
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+
+        def step(x, y):
+            opt.zero_grad()
+            loss_fn(model(x), y).backward()
+            opt.step()
+        return Contender(name, model, step)
+    options = parse_config(name)
+    trainer = DistributedTrainer(model, sgd(model), topo, loss_fn=loss_fn, **options)
+    describe = getattr(trainer.sync, "describe", lambda: "")()
+    return Contender(name, model, trainer.step, trainer.close, describe=describe)
+
+
+def time_steps(comm: MPI.Comm, contender: Contender, data, steps: int) -> float:
+    """Seconds per step over ``steps`` steps, the slowest rank's."""
+    x, y = data
+    comm.Barrier()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        contender.step(x, y)
+    return comm.allreduce(time.perf_counter() - t0, op=MPI.MAX) / steps
+
+
+def paired_ratios(base: list[float], times: list[float]) -> float:
+    """Median over rounds of base_time / time (throughput relative to the baseline)."""
+    return statistics.median(b / t for b, t in zip(base, times))
+
+
+def measure_model(args, comm, topo, dist, model_name: str) -> list[dict]:
+    torch.manual_seed(0)
+    base = make_model(model_name)
+    n_params = sum(p.numel() for p in base.parameters())
+    g = torch.Generator().manual_seed(1000 + comm.Get_rank())
+    data = (torch.randn(args.batch, *INPUTS[model_name], generator=g),
+            torch.randint(0, 10, (args.batch,), generator=g))
+    contenders = []
+    with contextlib.ExitStack() as stack:
+        for name in args.configs:
+            c = build(name, base, topo, dist)
+            if c is not None:
+                stack.callback(c.close)
+                contenders.append(c)
+        for c in contenders:                     # warm-up: allocation, lazy set-up, caches
+            time_steps(comm, c, data, args.warmup)
+        times = {c.name: [] for c in contenders}
+        for r in range(args.rounds):
+            for k in range(len(contenders)):
+                c = contenders[(k + r) % len(contenders)]
+                times[c.name].append(time_steps(comm, c, data, args.steps))
+    base_times = times.get("ddp")
+    rows = []
+    for c in contenders:
+        t = times[c.name]
+        rows.append({"model": model_name, "n_params": n_params, "config": c.name, "describe": c.describe,
+                     "world_size": comm.Get_size(), "batch_per_rank": args.batch,
+                     "step_ms": statistics.median(t) * 1e3, "rounds_ms": [v * 1e3 for v in t],
+                     "x_ddp": paired_ratios(base_times, t) if base_times else None})
+    return rows
+
+
+def measure(args, comm) -> list[dict]:
+    topo = Topology.create(comm, args.ranks_per_node)
+    dist = init_gloo(comm) if "ddp" in args.configs else None
+    try:
+        return [row for m in args.models for row in measure_model(args, comm, topo, dist, m)]
+    finally:
+        if dist is not None:
+            dist.destroy_process_group()
+        topo.close()
+
+
+def format_table(rows) -> str:
+    """One line per (model, config): ms/step, x DDP, and what the configuration chose."""
+    head = f"{'model':<11} {'params':>7} {'config':<22} {'ms/step':>8} {'x DDP':>6}  chosen"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        ratio = f"{r['x_ddp']:6.2f}" if r["x_ddp"] is not None else f"{'-':>6}"
+        lines.append(f"{r['model']:<11} {r['n_params'] / 1e6:6.2f}M {r['config']:<22} {r['step_ms']:8.1f} "
+                     f"{ratio}  {r['describe'] if r['describe'] != r['config'] else ''}")
+    return "\n".join(lines)
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="hpctrain bench step", description=__doc__.split("\n")[0])
+    p.add_argument("--models", default=DEFAULT_MODELS, type=lambda s: [m for m in s.split(",") if m],
+                   help=f"comma-separated, from {', '.join(INPUTS)} (default {DEFAULT_MODELS})")
+    p.add_argument("--configs", default=DEFAULT_CONFIGS, type=lambda s: [c for c in s.split(",") if c],
+                   help="comma-separated contenders: nocomm, ddp, horovod, default, STRATEGY[+fp16][+overlap]")
+    p.add_argument("--batch", type=int, default=32, help="samples per rank and step")
+    p.add_argument("--steps", type=int, default=8, help="timed steps per contender and round")
+    p.add_argument("--rounds", type=int, default=5, help="rounds (median over rounds)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps per contender first")
+    p.add_argument("--ranks-per-node", type=int, default=0, help="emulate K ranks per node (0: real nodes)")
+    p.add_argument("--json", metavar="FILE", help="write the rows as a JSON list")
+    args = p.parse_args(argv)
+    bad = [m for m in args.models if m not in INPUTS]
+    if bad:
+        p.error(f"--models: unknown {bad} (choose from {', '.join(INPUTS)})")
+    for c in args.configs:
+        if c not in ("nocomm", "ddp", "horovod"):
+            try:
+                parse_config(c)
+            except ValueError as exc:
+                p.error(str(exc))
+    if min(args.batch, args.steps, args.rounds) < 1 or args.warmup < 0:
+        p.error("--batch, --steps and --rounds must be positive, --warmup >= 0")
+    return args
+
+
+def main(argv) -> int:
+    args = parse_args(argv)
+    comm = MPI.COMM_WORLD
+    torch.set_num_threads(1)
+    rows = measure(args, comm)
+    if comm.Get_rank() == 0:
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+        print(f"step: {comm.Get_size()} ranks, batch {args.batch}/rank, SGD momentum, synthetic data; "
+              f"median of {args.rounds} rounds of {args.steps} steps, contenders interleaved; "
+              f"x DDP = median of paired ratios; 1-min load {load:.2f}")
+        print(format_table(rows))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
+    return 0

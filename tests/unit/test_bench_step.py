@@ -1,0 +1,36 @@
+"""The step benchmark's parts that need no MPI: contender names, the MLP, paired ratios, the table."""
+import pytest
+
+from hpctrain.bench import step as bench
+from hpctrain.config import CommConfig
+
+
+def test_config_names():
+    d = CommConfig()
+    assert bench.parse_config("default") == {"strategy": d.strategy, "compression": d.compression,
+                                             "overlap": d.overlap, "bucket_mb": d.bucket_mb}
+    assert bench.parse_config("hierarchical+fp16+overlap") == {
+        "strategy": "hierarchical", "compression": "fp16", "overlap": True, "bucket_mb": d.bucket_mb}
+    with pytest.raises(ValueError, match="unknown flag"):
+        bench.parse_config("flat+bf16")
+
+
+def test_mlp_is_the_communication_heavy_model():
+    n = sum(p.numel() for p in bench.make_model("mlp").parameters())
+    assert 12.5e6 < n < 12.8e6
+
+
+def test_paired_ratios_are_medians_of_per_round_ratios():
+    assert bench.paired_ratios([1.0, 2.0, 3.0], [0.5, 2.0, 1.0]) == pytest.approx(2.0)
+
+
+def test_table_and_arguments():
+    rows = [{"model": "mlp", "n_params": 12.7e6, "config": c, "describe": d, "step_ms": ms, "x_ddp": x}
+            for c, d, ms, x in (("ddp", "ddp", 100.0, 1.0), ("default", "auto: flat", 50.0, 2.0))]
+    lines = bench.format_table(rows).splitlines()
+    assert len(lines) == 4 and lines[3].split()[2:5] == ["default", "50.0", "2.00"]
+    assert lines[3].endswith("auto: flat")
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--models", "vgg"])
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--configs", "flat+zip"])
