@@ -62,7 +62,7 @@ def allreduce_metrics(metrics: dict, comm: MPI.Comm, average: bool = True) -> di
 def shard_loader(directory: str, topology: Topology, batch_size: int, *, split: str = "train",
                  seed: int = 0, **options) -> ShardLoader:
     """Per-rank training batches of ``batch_size`` (per rank) from any shard directory."""
-    shards = ShardSet(read_index(directory), split)
+    shards = ShardSet(read_index(directory), split, comm=topology.comm)   # checksums checked together
     shards.check()
     return ShardLoader(shards, rank=topology.rank, size=topology.size, batch_size=batch_size,
                        seed=seed, **options)
@@ -70,5 +70,5 @@ def shard_loader(directory: str, topology: Topology, batch_size: int, *, split: 
 
 def shard_eval_batches(directory: str, topology: Topology, batch_size: int = 256, split: str = "test"):
     """This rank's contiguous share of an evaluation split."""
-    shards = ShardSet(read_index(directory), split)
+    shards = ShardSet(read_index(directory), split, comm=topology.comm)
     return eval_batches(shards, rank=topology.rank, size=topology.size, batch_size=batch_size)

@@ -88,6 +88,9 @@ class DataConfig:
                               "shared-memory window", choices="hpctrain.data.factory:READERS")
     hdf5_driver: str = opt("auto", "auto (parallel HDF5 'mpio' when h5py has MPI) | mpio | serial (per-shard "
                                    "files, pread of contiguous datasets)", choices="hpctrain.data.hdf5:DRIVERS")
+    verify: str = opt("shared", "SHA-256 of every shard checked against index.json when the data is opened: "
+                                "shared (each shard by one rank, once per job) | node (each node checks its "
+                                "own copy) | off", choices="hpctrain.data.shards:VERIFY_MODES")
 
 
 @dataclass

@@ -140,9 +140,10 @@ def _open_data(cfg: Config, topo: Topology, index, stack: contextlib.ExitStack):
     loader = train_loader(index, topo, batch_size=cfg.train.batch_size // topo.size, seed=cfg.train.seed,
                           block_size=d.block_size, shuffle_window=d.shuffle_window, prefetch=d.prefetch,
                           drop_last=d.drop_last, augment=d.augment, augment_kind=d.augment_kind,
-                          augment_flip=d.augment_flip, reader=d.reader, hdf5_driver=d.hdf5_driver)
+                          augment_flip=d.augment_flip, reader=d.reader, hdf5_driver=d.hdf5_driver,
+                          verify=d.verify)
     stack.push(on_agreed_exit(loader.close))
-    test_set = open_split(index, "test", topo, driver=d.hdf5_driver)
+    test_set = open_split(index, "test", topo, driver=d.hdf5_driver, verify=d.verify)
     stack.push(on_agreed_exit(test_set.close))
     test_set.check()
     if loader.steps == 0:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from hpctrain.data.augment import KINDS, Augment
 from hpctrain.data.hdf5 import DRIVERS
 from hpctrain.data.loader import ShardLoader
-from hpctrain.data.shards import ShardIndex, ShardSet
+from hpctrain.data.shards import ShardError, ShardIndex, ShardSet
 
 READERS = ("rank", "node")
 
@@ -20,16 +20,36 @@ def _check(key: str, value: str, allowed: tuple) -> None:
         raise ValueError(f"config data.{key}: expected one of {' | '.join(allowed)}, got {value!r}")
 
 
-def open_split(index: ShardIndex, split: str, topo, *, driver: str = "auto") -> ShardSet:
-    """A split every rank reads (evaluation); with ``mpio`` the open is collective over ``topo.comm``."""
+def open_split(index: ShardIndex, split: str, topo, *, driver: str = "auto", verify: str = "shared") -> ShardSet:
+    """A split every rank reads (evaluation); the open (``mpio``) and the checksum pass are
+    collective over ``topo.comm``."""
     _check("hdf5_driver", driver, DRIVERS)
-    return ShardSet(index, split, comm=topo.comm, driver=driver)
+    return ShardSet(index, split, comm=topo.comm, driver=driver, verify=verify)
+
+
+def _node_reader_shards(index: ShardIndex, split: str, topo, driver: str, verify: str) -> ShardSet:
+    """Local rank 0 opens and checks the shards over the node readers (``topo.inter``); its
+    verdict is broadcast on the node, so a bad shard stops the other local ranks too instead of
+    leaving them waiting for the window."""
+    error, shards = None, None
+    if topo.local_rank == 0:
+        try:
+            shards = ShardSet(index, split, comm=topo.inter, driver=driver, verify=verify)
+            shards.check()
+        except ShardError as exc:
+            error = str(exc)
+    error = topo.intra.bcast(error, root=0)
+    if error is not None:
+        raise ShardError(error)
+    if shards is None:                         # never read on this rank; the node reader checked it
+        shards = ShardSet(index, split, driver="serial", verify="off")
+    return shards
 
 
 def train_loader(index: ShardIndex, topo, *, batch_size: int, seed: int = 0, block_size: int = 32,
                  shuffle_window: int = 1024, prefetch: int = 2, drop_last: bool = True, augment: bool = False,
                  augment_kind: str = "auto", augment_flip: bool = True, reader: str = "rank",
-                 hdf5_driver: str = "auto", split: str = "train") -> ShardLoader:
+                 hdf5_driver: str = "auto", verify: str = "shared", split: str = "train") -> ShardLoader:
     """The per-rank training loader (``batch_size`` per rank). Collective over ``topo.comm``.
 
     ``loader.close()`` stops its threads, frees the node window and closes the shards (all
@@ -39,14 +59,9 @@ def train_loader(index: ShardIndex, topo, *, batch_size: int, seed: int = 0, blo
     _check("hdf5_driver", hdf5_driver, DRIVERS)
     _check("augment_kind", augment_kind, KINDS)
     if reader == "node":
-        if topo.local_rank == 0:
-            shards = ShardSet(index, split, comm=topo.inter, driver=hdf5_driver)
-        else:
-            shards = ShardSet(index, split, driver="serial")          # never read on this rank
-        node_comm = topo.intra
+        shards, node_comm = _node_reader_shards(index, split, topo, hdf5_driver, verify), topo.intra
     else:
-        shards, node_comm = ShardSet(index, split, comm=topo.comm, driver=hdf5_driver), None
-    if reader == "rank" or topo.local_rank == 0:
+        shards, node_comm = ShardSet(index, split, comm=topo.comm, driver=hdf5_driver, verify=verify), None
         shards.check()
     transform = Augment(augment_kind, flip=augment_flip) if augment else None
     loader = ShardLoader(shards, rank=topo.rank, size=topo.size, batch_size=batch_size, seed=seed,

@@ -58,6 +58,7 @@ import numpy as np
 
 from hpctrain.data.direct import DirectExtent
 from hpctrain.data.hdf5 import choose_driver, open_read
+from hpctrain.errors import LocalUserError
 
 FORMAT = "hpctrain-shards"
 VERSION = 2
@@ -68,7 +69,7 @@ VERIFY_MODES = ("shared", "node", "off")
 HASH_THREADS = max(1, min(4, os.cpu_count() or 1))   # files hashed at once by one process (no comm, 1 rank)
 
 
-class ShardError(Exception):
+class ShardError(LocalUserError):
     """A shard directory or file is missing, truncated, changed or inconsistent (message names the file).
 
     Raised on every rank at once by the collective checksum pass; raised by one rank alone when

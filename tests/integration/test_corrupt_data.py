@@ -29,17 +29,23 @@ def flip(path: str, pos: int) -> None:
         fh.write(bytes([b ^ 0x01]))
 
 
-def train(data: str, run_dir, n: int = 2):
+def train(data: str, run_dir, n: int = 2, extra=()):
     return mpirun(n, ["-m", "hpctrain", "--run-dir", str(run_dir), "--epochs", "1", "--data", data,
-                      "--no-progress"], timeout=180)
+                      "--no-progress", *extra], timeout=180)
 
 
-@pytest.mark.parametrize("shard,pos", [("train-00001-of-00004.h5", 7000), ("test-00003-of-00004.h5", 900)])
-def test_flipped_byte_stops_the_job_with_one_line(digits, tmp_path, shard, pos):
+NODE_READER = ("--ranks-per-node", "2", "--set", "data.reader=node")
+
+
+@pytest.mark.parametrize("shard,pos,extra", [("train-00001-of-00004.h5", 7000, ()),
+                                             ("test-00003-of-00004.h5", 900, ()),
+                                             ("train-00003-of-00004.h5", 900, NODE_READER)])
+def test_flipped_byte_stops_the_job_with_one_line(digits, tmp_path, shard, pos, extra):
+    """Also with one reader per node: the other local ranks must not wait for its window."""
     d = str(tmp_path / "data")
     shutil.copytree(digits, d)
     flip(os.path.join(d, shard), pos)
-    r, secs = train(d, tmp_path / "run")
+    r, secs = train(d, tmp_path / "run", extra=extra)
     ours = [line for line in r.stderr.splitlines() if line.startswith("hpctrain")]
     assert r.returncode == 2, r.stderr[-2000:]
     assert "Traceback" not in r.stderr and len(ours) == 1, r.stderr[-2000:]
@@ -53,3 +59,30 @@ def test_intact_data_trains(digits, tmp_path):
     r, _ = train(digits, tmp_path / "run")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "test accuracy" in r.stdout
+
+
+def test_bad_label_found_by_one_rank_mid_run_aborts_with_one_line(digits, tmp_path):
+    """A label out of range behind a valid checksum (a converter bug, say) is found by the one rank
+    whose block holds it, mid-epoch, while the others wait in the gradient allreduce: that rank
+    prints one line naming itself and the shard and ends the job with status 2, no traceback."""
+    import hashlib
+    import json
+
+    import h5py
+    d = str(tmp_path / "data")
+    shutil.copytree(digits, d)
+    shard = os.path.join(d, "train-00002-of-00004.h5")
+    with h5py.File(shard, "r+") as fh:
+        fh["y"][5] = 99
+    index = json.load(open(os.path.join(d, "index.json")))
+    for entry in index["splits"]["train"]["shards"]:
+        if entry["file"] == os.path.basename(shard):
+            entry["sha256"] = hashlib.sha256(open(shard, "rb").read()).hexdigest()
+    json.dump(index, open(os.path.join(d, "index.json"), "w"))
+    r, secs = train(d, tmp_path / "run")
+    ours = [line for line in r.stderr.splitlines() if line.startswith("hpctrain")]
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert ours[0].startswith("hpctrain: error: rank ") and f"{shard}: sample 5" in ours[0], ours
+    assert "label 99, outside 0..9" in ours[0] and ours[1:] == ["hpctrain: aborting all 2 ranks"], ours
+    assert secs < 120
