@@ -103,7 +103,7 @@ def main(argv=None) -> int:
         if args.cmd == "convert":
             from mpi4py import MPI
 
-            from hpctrain.faults import install_abort_hook
+            from hpctrain.ops.abort import install_abort_hook
             rank = MPI.COMM_WORLD.Get_rank()
             if MPI.COMM_WORLD.Get_size() > 1:
                 install_abort_hook(MPI.COMM_WORLD)   # an unexpected error on one rank ends all ranks

@@ -14,7 +14,7 @@ from mpi4py import MPI
 
 from hpctrain.comm.collectives import allreduce_sum, broadcast_module
 from hpctrain.data import ShardLoader, ShardSet, eval_batches, read_index
-from hpctrain.faults import install_abort_hook
+from hpctrain.ops.abort import install_abort_hook
 from hpctrain.topology import Topology
 
 

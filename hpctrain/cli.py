@@ -13,9 +13,9 @@ import sys
 SUBCOMMANDS = {
     "train": "hpctrain.cli:train_main",
     "bench": "hpctrain.bench:main",
-    "simulate": "hpctrain.simulate:main",
+    "simulate": "hpctrain.sim.cli:main",
     "study": "hpctrain.study:main",
-    "report": "hpctrain.report:main",
+    "report": "hpctrain.ops.report:main",
     "cluster": "hpctrain.cluster:main",
 }
 
@@ -72,7 +72,10 @@ def train_main(argv: list[str]) -> int:
     from mpi4py import MPI
 
     from hpctrain.config import ConfigError, validate
-    from hpctrain.faults import Stopped, UserError, agree, install_abort_hook
+    from hpctrain.errors import UserError
+    from hpctrain.ops.abort import install_abort_hook
+    from hpctrain.ops.agree import agree
+    from hpctrain.ops.signals import Stopped
     comm = MPI.COMM_WORLD
     install_abort_hook(comm)
     try:
@@ -83,7 +86,7 @@ def train_main(argv: list[str]) -> int:
         except ConfigError as exc:
             error = exc
         agree(comm, error)          # a file-system check may fail on one node only: stop every rank
-        from hpctrain.train import run
+        from hpctrain.job import run
         summary = run(cfg, comm)
     except Stopped as exc:          # SIGTERM/SIGUSR1: checkpoint written, resumable
         if comm.Get_rank() == 0:

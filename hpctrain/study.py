@@ -40,7 +40,7 @@ def polish_variants(batch: int, lr: float) -> list[tuple[str, dict]]:
 
 
 def run_variant(base: Config, name: str, overrides: dict, out_dir: str, comm) -> dict:
-    from hpctrain.train import run
+    from hpctrain.job import run
     cfg = copy.deepcopy(base)
     for key, value in overrides.items():
         set_value(cfg, key, value)

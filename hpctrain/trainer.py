@@ -4,7 +4,7 @@
 ``torch.optim.Optimizer``, a gradient-sync strategy (``hpctrain.comm``) and an update
 algorithm (``hpctrain.sync``). Call :meth:`step` for a whole step; a loop that must stay its
 own can instead call ``trainer.sync.allreduce_grads()`` between its ``backward()`` and its
-``optimizer.step()``. The CLI's training loop (``hpctrain.train``) is built on this class.
+``optimizer.step()``. The CLI's training loop (``hpctrain.job``) is built on this class.
 
 Buffers (BatchNorm running statistics) are not gradients: each rank updates its own from its own
 batches, so replicas drift apart. :meth:`finish` makes every replica rank 0's again — the
@@ -22,7 +22,7 @@ from torch import nn
 
 from hpctrain import comm as comm_lib
 from hpctrain import sync as sync_lib
-from hpctrain.metrics import NULL_TIMER, StepTimer
+from hpctrain.ops.metrics import NULL_TIMER, StepTimer
 from hpctrain.optim import set_lr
 from hpctrain.optim.schedules import ScheduleSpec, lr_at
 from hpctrain.topology import Topology

@@ -28,7 +28,7 @@ import time
 import torch
 from mpi4py import MPI
 
-from hpctrain.metrics import StepTimer
+from hpctrain.ops.metrics import StepTimer
 from hpctrain.models import build_model
 from hpctrain.topology import Topology
 from hpctrain.trainer import DistributedTrainer

@@ -1,4 +1,4 @@
-"""Build the training loader and the evaluation split from the data options, for ``train.py``.
+"""Build the training loader and the evaluation split from the data options, for the CLI job (``hpctrain.job``).
 
 The options are the fields of ``DataConfig`` passed by name (this module does not import the
 config). ``reader="node"``: the node's local rank 0 opens the training shards — collectively over

@@ -2,7 +2,7 @@
 
 Modules: ``costs`` (α-β-γ allreduce formulas), ``presets`` (sourced networks, models, devices),
 ``step`` (step time, overlap, scaling table), ``calibrate`` (fit α, β to benchmark rows),
-``validate`` (published cases), ``report`` (tables, JSON, plots).
+``validate`` (published cases), ``report`` (tables, JSON, plots), ``cli`` (the sub-command).
 """
 from hpctrain.sim.costs import Link, allreduce_s
 from hpctrain.sim.step import Scenario, predict, scaling_table

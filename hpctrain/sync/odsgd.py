@@ -59,7 +59,7 @@ from typing import Callable
 
 import torch
 
-from hpctrain.metrics import NULL_TIMER, StepTimer
+from hpctrain.ops.metrics import NULL_TIMER, StepTimer
 from hpctrain.optim.lars import LARS
 from hpctrain.optim.loss_scale import all_finite
 from hpctrain.sync.delay import poll_grad_sync, poll_reduction

@@ -32,8 +32,8 @@ from typing import Callable
 
 import torch
 
-from hpctrain.faults import UserError
-from hpctrain.metrics import NULL_TIMER, StepTimer
+from hpctrain.errors import UserError
+from hpctrain.ops.metrics import NULL_TIMER, StepTimer
 from hpctrain.optim.loss_scale import all_finite
 
 MAX_WIRE_SKIPS = 10     # consecutive unscaled steps whose finite gradients overflowed the wire

@@ -10,7 +10,7 @@ from tests.integration.mpirun import ENV, mpirun
 
 RAISE_ON_RANK_1 = """
 from mpi4py import MPI
-from hpctrain.faults import install_abort_hook
+from hpctrain.ops.abort import install_abort_hook
 comm = MPI.COMM_WORLD
 install_abort_hook(comm)
 if comm.Get_rank() == 1:

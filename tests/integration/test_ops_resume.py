@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from hpctrain import checkpoint as ck
+from hpctrain.ops import checkpoint as ck
 from tests.integration.mpirun import mpirun
 
 K = 15                  # not a multiple of the 22 steps per epoch: the resume lands mid-epoch

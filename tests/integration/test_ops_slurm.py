@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain import checkpoint as ck
+from hpctrain.ops import checkpoint as ck
 from tests.integration.mpirun import ENV
 
 ROOT = Path(__file__).resolve().parents[2]

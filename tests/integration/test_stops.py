@@ -11,7 +11,7 @@ import time
 import h5py
 import pytest
 
-from hpctrain import checkpoint as ck
+from hpctrain.ops import checkpoint as ck
 from tests.integration.mpirun import ENV, mpirun
 
 ARGS = ["-m", "hpctrain", "--no-progress"]

@@ -12,10 +12,10 @@ import torch
 from mpi4py import MPI
 from torch import nn
 
-from hpctrain import checkpoint as ck
-from hpctrain.faults import UserError
+from hpctrain.ops import checkpoint as ck
+from hpctrain.errors import UserError
 from hpctrain.optim.loss_scale import LossScaler
-from hpctrain.timeline import Timeline, merge_and_write
+from hpctrain.ops.timeline import Timeline, merge_and_write
 from hpctrain.topology import Topology
 from hpctrain.trainer import DistributedTrainer
 

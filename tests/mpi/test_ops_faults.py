@@ -13,8 +13,10 @@ import torch
 from mpi4py import MPI
 from torch import nn
 
-from hpctrain.faults import AgreedError, ConsistencyError, StopSignal, UserError, agree, check_consistency
-from hpctrain.watchdog import SLOTS_PER_STEP, Watchdog, compress_ranks, describe_stall
+from hpctrain.errors import UserError
+from hpctrain.ops.agree import AgreedError, ConsistencyError, agree, check_consistency
+from hpctrain.ops.signals import StopSignal
+from hpctrain.ops.watchdog import SLOTS_PER_STEP, Watchdog, compress_ranks, describe_stall
 
 CFG = {"train": {"batch_size": 64, "seed": 0}, "optim": {"lr": 0.1}}
 

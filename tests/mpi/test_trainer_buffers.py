@@ -16,7 +16,7 @@ from mpi4py import MPI
 from torch import nn
 
 from hpctrain.config import Config
-from hpctrain.faults import UserError
+from hpctrain.errors import UserError
 from hpctrain.topology import Topology
 from hpctrain.trainer import DistributedTrainer
 
@@ -118,7 +118,7 @@ def small_run(digits_dir, tmp_path):
 @pytest.mark.mpi
 def test_run_releases_files_and_threads_on_success_and_on_agreed_errors(small_run):
     """``study`` calls ``run`` several times in one process: nothing may pile up."""
-    from hpctrain.train import run
+    from hpctrain.job import run
     comm = MPI.COMM_WORLD
     files, threads, comms = open_hdf5_files(), hpctrain_threads(), MPI.COMM_WORLD.Get_size()
     summary = run(small_run, comm)

@@ -9,7 +9,7 @@ import torch
 from mpi4py import MPI
 
 from hpctrain import comm as comm_lib
-from hpctrain.faults import UserError
+from hpctrain.errors import UserError
 from hpctrain.optim.loss_scale import LossScaler, all_finite, grads_have_inf
 from hpctrain.sync import SSGD, NonFiniteError
 from hpctrain.sync.ssgd import MAX_WIRE_SKIPS, NonFiniteGuard

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from hpctrain import report
+from hpctrain.ops import report
 
 
 def write_run(path, *, world, samples_per_s, wall_s, epochs=3, spe=10, gb=64, stopped=False, start_step=0):
@@ -75,7 +75,7 @@ def test_cli_error_names_the_missing_file(tmp_path, capsys):
 
 
 def test_reads_a_real_run(tmp_path):
-    """The fields train.py writes are the ones the report reads (a 1-rank, 3-step run)."""
+    """The fields job.py writes are the ones the report reads (a 1-rank, 3-step run)."""
     import subprocess
     import sys
     r = subprocess.run([sys.executable, "-m", "hpctrain", "--run-dir", str(tmp_path), "--no-progress",

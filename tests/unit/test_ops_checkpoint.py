@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from hpctrain import checkpoint as ck
+from hpctrain.ops import checkpoint as ck
 
 
 def _write(directory, step, payload=None):
@@ -77,7 +77,7 @@ def test_prune_keeps_newest_and_removes_temporaries(tmp_path):
 
 KILL_SCRIPT = """
 import os, sys
-from hpctrain import checkpoint as ck
+from hpctrain.ops import checkpoint as ck
 d = sys.argv[1]
 ck.write_file(os.path.join(d, ck.checkpoint_name(1)), b"first" * 100000, {"step": 1})
 ck.write_file(os.path.join(d, ck.checkpoint_name(2)), b"second" * 100000, {"step": 2})

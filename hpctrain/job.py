@@ -17,21 +17,24 @@ from mpi4py import MPI
 from hpctrain import comm as comm_lib
 from hpctrain import sync as sync_lib
 from hpctrain.api import bind_device
-from hpctrain.checkpoint import Checkpointer
 from hpctrain.config import Config, ConfigError
 from hpctrain.data import ShardError, ShardLoader, ShardSet, eval_batches, open_split, read_index, train_loader
 from hpctrain.data.builtin import resolve_dataset
-from hpctrain.faults import StopSignal, Stopped, UserError, agree, check_consistency, maybe_inject, software_versions
-from hpctrain.metrics import MetricsLog, StepTimer, gpu_time
+from hpctrain.errors import UserError
 from hpctrain.models import ModelError, build_model
+from hpctrain.ops.agree import agree, check_consistency, software_versions
+from hpctrain.ops.checkpoint import Checkpointer
+from hpctrain.ops.inject import maybe_inject
+from hpctrain.ops.metrics import MetricsLog, StepTimer, gpu_time
+from hpctrain.ops.signals import StopSignal, Stopped
+from hpctrain.ops.timeline import Timeline, merge_and_write
+from hpctrain.ops.watchdog import Watchdog
 from hpctrain.optim import make_criterion, make_optimizer
 from hpctrain.optim.loss_scale import LossScaler
 from hpctrain.optim.schedules import spec_from_config
 from hpctrain.polish import recompute_bn_stats
-from hpctrain.timeline import Timeline, merge_and_write
 from hpctrain.topology import Topology
 from hpctrain.trainer import DistributedTrainer
-from hpctrain.watchdog import Watchdog
 
 
 @dataclass

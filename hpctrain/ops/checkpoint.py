@@ -30,8 +30,10 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from hpctrain.faults import UserError, first_difference, maybe_kill, model_signature
-from hpctrain.metrics import NULL_TIMER, StepTimer
+from hpctrain.errors import UserError
+from hpctrain.ops.agree import first_difference, model_signature
+from hpctrain.ops.inject import maybe_kill
+from hpctrain.ops.metrics import NULL_TIMER, StepTimer
 
 FORMAT_VERSION = 1
 MAGIC = b"HPCTRAIN-CHECKPOINT\n"

@@ -1,6 +1,6 @@
 """Per-rank phase timeline in the Chrome trace format, merged into ``RUN_DIR/timeline.json``.
 
-A :class:`Timeline` is a :class:`~hpctrain.metrics.StepTimer` sink: every span (data wait,
+A :class:`Timeline` is a :class:`~hpctrain.ops.metrics.StepTimer` sink: every span (data wait,
 forward, backward, allreduce, optimizer, checkpoint) becomes a complete event (``"ph": "X"``)
 with the rank as the process, so Perfetto (https://ui.perfetto.dev) or ``chrome://tracing``
 shows one row per rank, stacked — a straggler or a rank waiting in the allreduce stands out.

@@ -1,0 +1,7 @@
+"""Running a job: what keeps it safe, observable and restartable, beside the training itself.
+
+``checkpoint`` (save/resume), ``abort`` (one failing rank ends the job), ``agree`` (every rank
+raises the same set-up error; start-up consistency check), ``signals`` (stop together on
+SIGTERM/SIGUSR1), ``watchdog`` (name the stalled rank), ``metrics`` (step timers, JSONL),
+``timeline`` (Chrome trace), ``report`` (``python -m hpctrain report``), ``inject`` (test hooks).
+"""

@@ -1,0 +1,43 @@
+"""A rank that fails must fail the job, promptly and by name.
+
+:func:`install_abort_hook` replaces ``sys.excepthook``: an uncaught exception on any rank prints
+``hpctrain: rank R/N failed: …`` with the traceback and calls ``MPI_Abort``, so ``mpiexec`` kills
+every rank and exits non-zero instead of leaving the others blocked in a collective. A
+:class:`~hpctrain.errors.UserError` that reaches it (one rank's alone, e.g. a corrupt shard in its
+reader) prints one line instead, ``hpctrain: error: rank R/N: …``, and aborts with status 2.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import traceback
+
+from mpi4py import MPI
+
+from hpctrain.errors import UserError
+
+
+def install_abort_hook(comm: MPI.Comm) -> None:
+    """Abort the whole job on an uncaught exception in any rank (main or any thread)."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+
+    def hook(exc_type, exc, tb):
+        if issubclass(exc_type, KeyboardInterrupt) and size == 1:
+            sys.__excepthook__(exc_type, exc, tb)
+            return
+        if issubclass(exc_type, UserError):       # the user's problem, found by this rank alone
+            status = 2
+            text = f"hpctrain: error: rank {rank}/{size}: {exc}\n"
+        else:                                     # a bug: keep the traceback
+            status = 1
+            text = ("".join(traceback.format_exception(exc_type, exc, tb))
+                    + f"hpctrain: rank {rank}/{size} failed: {exc_type.__name__}: {exc}\n")
+        sys.stderr.write(text + (f"hpctrain: aborting all {size} ranks\n" if size > 1 else ""))
+        sys.stderr.flush()
+        if size > 1:
+            comm.Abort(status)
+        os._exit(status)
+
+    sys.excepthook = hook
+    threading.excepthook = lambda args: hook(args.exc_type, args.exc_value, args.exc_traceback)
