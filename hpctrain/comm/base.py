@@ -1,27 +1,47 @@
 """Gradient synchronisation: the interface every strategy implements, and the shared bucket code.
 
 A strategy provides :meth:`GradSync.reduce_bucket`, a generator that turns ``bucket.flat`` (this
-rank's gradients) into ``bucket.result`` (their mean over ranks) and returns the overflow flag
-(see :mod:`hpctrain.comm.progress` for why a generator). Everything else lives here once:
-fusion buckets in reverse order of use, copying gradients in and out, the overlap hooks, the
-``begin``/``finish`` split (ChainerMN keeps the MPI plumbing in its base communicator the same
-way). Buffers are allocated once at construction; the hot path allocates nothing.
+rank's gradients) into ``bucket.out`` (their mean over ranks, out of place) and returns the
+overflow flag (see :mod:`hpctrain.comm.progress` for why a generator). Everything else lives
+here once: fusion buckets in reverse order of use, the gradients' home in the buckets, the
+overlap hooks, the ``begin``/``finish`` split (ChainerMN keeps the MPI plumbing in its base
+communicator the same way). Buffers are allocated once at construction; the hot path allocates
+nothing.
+
+Gradients live in the buckets (DDP's ``gradient_as_bucket_view``). Each bucket has two buffers
+that swap roles every round: round t reduces ``bufs[t % 2]`` (the input, ``flat``) into
+``bufs[(t + 1) % 2]`` (``out``), and ``finish(scatter=True)`` makes every ``p.grad`` a view of
+its slice of ``out``: no copy. The next backward accumulates into those views (autograd adds
+into an existing ``.grad`` in place), which are exactly round t+1's input, so a step with the
+default ``zero_grad(set_to_none=False)`` moves no gradient byte outside the collective. Because
+the reduction is out of place, a rank's own gradients stay intact in ``flat`` until the next
+round: ``finish(scatter=False)`` leaves ``p.grad`` holding them (the non-finite diagnosis and
+OD-SGD need that), and :meth:`GradSync.scatter_means` rebinds afterwards. For ``hierarchical``
+both buffers are this rank's memory in the shared window. Double buffering costs what the
+copying design cost (gradients + one bucket copy), DDP's single-buffer view mode half that.
+
+What breaks the views is handled where it is seen, at the start of a bucket (``gather``): a
+``p.grad`` that is not the view of the round's input (``zero_grad(set_to_none=True)`` then a
+backward that allocated a fresh tensor; an optimiser or user that assigned ``.grad``; a round
+that did not scatter) is copied in - one copy, as before - and ``None`` counts as zeros; the
+next scatter binds the views again. A second backward while a bucket is in flight: a tensor
+hook that runs before autograd accumulates gives that parameter a private ``.grad``, a copy of
+the round's input (its own gradient, which the out-of-place reduction never writes), so the new
+gradient accumulates there and the buffers in flight are never touched. The new gradients are
+*not* part of this round (a bucket is reduced once per round): ``finish(scatter=True)`` replaces
+them with the round's means, ``finish(scatter=False)`` leaves g1 + g2 in ``p.grad`` for the next
+round. Do not zero or assign ``.grad`` of a parameter whose bucket is in flight (OD-SGD keeps
+private gradients for its steps overlapping a round). :meth:`close` gives every parameter a
+private copy of its gradient before the buffers go.
 
 Round protocol: ``begin()`` starts every bucket not started yet; ``finish()`` waits for all and
-optionally writes the means into ``p.grad``; ``allreduce_grads()`` is the two in a row. With
+optionally binds the means to ``p.grad``; ``allreduce_grads()`` is the two in a row. With
 ``overlap=True`` a post-accumulate-grad hook starts a bucket during backward as soon as all its
 parameters have their gradient, and every hook call polls the buckets in flight.
-
-A second backward before ``finish()``: a started bucket already copied its gradients out of
-``p.grad``, and autograd only ever writes ``p.grad``, so buffers in flight are never touched;
-the new gradients accumulate in ``p.grad`` only and are *not* part of this round (a bucket is
-reduced once per round). ``finish(scatter=True)`` then overwrites them with the round's means;
-``finish(scatter=False)`` leaves them in ``p.grad`` for the next round. Buckets not yet started
-when the second backward runs carry the accumulated gradients.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -35,20 +55,34 @@ DEFAULT_BUCKET_BYTES = 25 * 2**20
 
 @dataclass
 class Bucket:
-    """Parameters whose gradients travel together in one flat buffer."""
+    """Parameters whose gradients travel together; two flat buffers that swap roles each round."""
     params: list            # torch.nn.Parameter, in bucket order
-    offsets: list           # element offset of each parameter in ``flat``
-    flat: torch.Tensor      # 1-D buffer of this rank's gradients, dtype of the parameters
+    offsets: list           # element offset of each parameter in a buffer
+    bufs: list              # two 1-D buffers, dtype of the parameters
     index: int
-    out: torch.Tensor = None      # where the mean lands in full precision: ``flat`` itself
-                                  # (flat) or shared memory (hierarchical); treat as read-only
+    k: int = 1              # round t's input is bufs[k] (flipped when a round starts)
     wire: torch.Tensor = None     # compressed strategies: gradients are packed here instead of
-    codec: object = None          # ``flat``, and the mean is left here, encoded, until read
-    encoded: bool = False         # the current mean lives only in ``wire``
+    codec: object = None          # being read from ``flat``; the mean is left here, encoded,
+    encoded: bool = False         # until read (``result``) or bound (``scatter``)
+    views: list = field(default=None, repr=False)   # views[j][i]: params[i]'s slice of bufs[j]
+
+    def __post_init__(self):
+        self.views = [[buf[off:off + p.numel()].view_as(p) for p, off in zip(self.params, self.offsets)]
+                      for buf in self.bufs]
+
+    @property
+    def flat(self) -> torch.Tensor:
+        """This round's input: this rank's gradients (``p.grad`` views of it during backward)."""
+        return self.bufs[self.k]
+
+    @property
+    def out(self) -> torch.Tensor:
+        """Where this round's mean lands (treat as read-only)."""
+        return self.bufs[1 - self.k]
 
     @property
     def n_elems(self) -> int:
-        return self.flat.numel()
+        return self.bufs[0].numel()
 
     @property
     def result(self) -> torch.Tensor:
@@ -58,55 +92,59 @@ class Bucket:
             self.encoded = False
         return self.out
 
-    def gather_grads(self, scale: float = 1.0) -> None:
-        """This rank's gradients times ``scale`` into the bucket (zeros where a grad is missing).
+    def next_round(self) -> None:
+        """Swap the buffers: the last round's ``out`` (where ``p.grad`` views point after a
+        scatter) becomes this round's input."""
+        self.k ^= 1
+        self.encoded = False
 
-        Scaling is free here (a multiply costs what the copy costs); a compressed bucket packs
-        straight from the gradients into its wire buffer, replacing the copy.
+    def gather_grads(self, scale: float = 1.0) -> None:
+        """Make this round's input hold this rank's gradients (zeros where a grad is missing).
+
+        A ``p.grad`` that already is its view of ``flat`` costs nothing; any other is copied.
+        One that is its view of ``out`` (the last round did not bind means) moves into ``flat``
+        and is rebound there, since ``out`` is about to receive the mean. A compressed bucket
+        packs ``scale`` times the gradients straight into its wire buffer (pre-division before
+        anything is rounded to fp16) instead of copying; a full-precision bucket leaves the
+        scaling to the reduction, which folds it into its last add.
         """
-        if self.wire is not None:
-            self.encoded = False
-            grads = [p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel())
-                     for p in self.params]
-            self.codec.pack(grads, self.wire, scale)
-            return
-        for p, off in zip(self.params, self.offsets):
-            dst = self.flat[off:off + p.numel()]
-            if p.grad is None:
-                dst.zero_()
-            elif scale == 1.0:
-                dst.copy_(p.grad.reshape(-1))
-            else:
-                torch.mul(p.grad.reshape(-1), scale, out=dst)
+        mine, theirs = self.views[self.k], self.views[1 - self.k]
+        packed = self.wire is not None
+        srcs = []
+        for i, (p, v) in enumerate(zip(self.params, mine)):
+            g = p.grad
+            if g is None:
+                g = v.zero_()
+            elif g is theirs[i]:
+                v.copy_(g)
+                p.grad = g = v
+            elif g is not v and not packed:
+                v.copy_(g)
+            srcs.append(g)
+        if packed:
+            self.codec.pack([g.reshape(-1) for g in srcs], self.wire, scale)
 
     def scatter_grads(self) -> None:
-        """Write the mean into each parameter's gradient (decoding straight into them if the
-        mean is still encoded: one pass, like the copy it replaces)."""
-        if self.encoded:
-            for p in self.params:
-                if p.grad is None:
-                    p.grad = torch.empty_like(p)
-            if all(p.grad.is_contiguous() for p in self.params):
-                self.codec.unpack(self.wire, [p.grad for p in self.params])
-                return
-        src_all = self.result
-        for p, off in zip(self.params, self.offsets):
-            src = src_all[off:off + p.numel()].view_as(p)
-            if p.grad is None:
-                p.grad = src.clone()
-            else:
-                p.grad.copy_(src)
+        """Bind every ``p.grad`` to its view of the mean (decoding the wire into ``out`` first
+        if the mean is still encoded: one pass, like the copy it replaces)."""
+        self.result
+        for p, v in zip(self.params, self.views[1 - self.k]):
+            if p.grad is not v:
+                p.grad = v
+
+    def owns(self, p_index: int, grad) -> bool:
+        """Is ``grad`` one of this bucket's views for ``params[p_index]``?"""
+        return grad is not None and (grad is self.views[0][p_index] or grad is self.views[1][p_index])
+
+    def release(self) -> None:
+        """Give every parameter whose ``.grad`` is a view of these buffers a private copy."""
+        for i, p in enumerate(self.params):
+            if self.owns(i, p.grad):
+                p.grad = p.grad.clone()
 
 
-def make_buckets(params, bucket_bytes: int, alloc=None) -> list[Bucket]:
-    """Group parameters into buckets of about ``bucket_bytes``, last-used (last-defined) first.
-
-    Backward produces gradients roughly in reverse definition order, so reversing lets the first
-    bucket be complete earliest (PyTorch DDP and Horovod fuse the same way). Parameters of a
-    different dtype start a new bucket. ``alloc(n_elems, dtype, index)`` provides each flat
-    buffer (default: a fresh zeroed tensor; the hierarchical strategy hands out window memory).
-    """
-    alloc = alloc or (lambda n, dtype, i: torch.zeros(n, dtype=dtype))
+def _groups(params, bucket_bytes: int) -> list[list]:
+    """Parameters grouped into buckets of about ``bucket_bytes``, last-defined first."""
     buckets, cur, cur_bytes = [], [], 0
     for p in reversed(list(params)):
         n_bytes = p.numel() * p.element_size()
@@ -117,20 +155,31 @@ def make_buckets(params, bucket_bytes: int, alloc=None) -> list[Bucket]:
         cur_bytes += n_bytes
     if cur:
         buckets.append(cur)
+    return buckets
+
+
+def make_buckets(params, bucket_bytes: int, alloc=None) -> list[Bucket]:
+    """Group parameters into buckets of about ``bucket_bytes``, last-used (last-defined) first.
+
+    Backward produces gradients roughly in reverse definition order, so reversing lets the first
+    bucket be complete earliest (PyTorch DDP and Horovod fuse the same way). Parameters of a
+    different dtype start a new bucket. ``alloc(n_elems, dtype, index, which)`` provides each
+    bucket's two buffers (``which`` 0 and 1; default: fresh zeroed tensors; the hierarchical
+    strategy hands out window memory).
+    """
+    alloc = alloc or (lambda n, dtype, i, which: torch.zeros(n, dtype=dtype))
     out = []
-    for i, group in enumerate(buckets):
+    for i, group in enumerate(_groups(params, bucket_bytes)):
         offsets = np.cumsum([0] + [p.numel() for p in group[:-1]]).tolist()
-        flat = alloc(sum(p.numel() for p in group), group[0].dtype, i)
-        out.append(Bucket(params=group, offsets=offsets, flat=flat, index=i, out=flat))
+        n = sum(p.numel() for p in group)
+        bufs = [alloc(n, group[0].dtype, i, which) for which in (0, 1)]
+        out.append(Bucket(params=group, offsets=offsets, bufs=bufs, index=i))
     return out
 
 
 def bucket_sizes(params, bucket_bytes: int) -> list[tuple[int, torch.dtype]]:
     """``(n_elems, dtype)`` of each bucket :func:`make_buckets` would build (allocates nothing)."""
-    sizes = []
-    make_buckets(params, bucket_bytes,
-                 alloc=lambda n, dtype, i: sizes.append((n, dtype)) or torch.empty(0, dtype=dtype))
-    return sizes
+    return [(sum(p.numel() for p in g), g[0].dtype) for g in _groups(params, bucket_bytes)]
 
 
 class GradSync:
@@ -150,9 +199,10 @@ class GradSync:
         self.codec = compression_lib.get(compression)
         for p in self.params:
             self.codec.check_dtype(p.dtype)
-        # Buckets hold grad / world_size: the gather copy multiplies for free, so no strategy
-        # needs a scaling pass, and fp16 is pre-divided (no overflow) before anything is rounded.
+        # The mean, not the sum: a full-precision reduction folds 1/world_size into its last add;
+        # fp16 is pre-divided when packed (no overflow) before anything is rounded.
         self.gather_scale = 1.0 / self.comm.Get_size()
+        self.overlap = bool(overlap)
         self._prepare(bucket_sizes(self.params, bucket_bytes))
         self.buckets = make_buckets(self.params, bucket_bytes, alloc=self._alloc)
         self._setup()
@@ -160,25 +210,44 @@ class GradSync:
         self._pending: dict[int, Pending] = {}
         self._seen = set()                       # ids of params whose grad is ready this round
         self._n_ready = [0] * len(self.buckets)
-        self._hooks = []
+        self._index_in_bucket = {id(p): i for b in self.buckets for i, p in enumerate(b.params)}
+        # Before autograd accumulates: a parameter whose bucket is in flight gets a private grad.
+        self._hooks = [p.register_hook(self._before_accumulate(p)) for p in self.params]
         if overlap:
-            self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready)
-                           for p in self.params]
+            self._hooks += [p.register_post_accumulate_grad_hook(self._on_grad_ready)
+                            for p in self.params]
         self.closed = False
 
     # --- what a strategy provides -------------------------------------------------------------
     def reduce_bucket(self, bucket: Bucket):
-        """Generator: ``bucket.result <- sum over ranks`` of the gathered (pre-divided, so the
-        sum is the mean) buffer; returns found_inf, the same on every rank.
+        """Generator: ``bucket.out <- mean over ranks`` of ``bucket.flat`` (full precision:
+        scale by ``gather_scale`` in the reduction), or of the packed, pre-divided ``wire``
+        (compressed: leave the mean in ``wire`` and set ``bucket.encoded``); returns found_inf,
+        the same on every rank. Must not write ``bucket.flat`` (out of place).
 
         Yields lists of MPI requests it waits on; must not touch ``p.grad``.
         """
         raise NotImplementedError
 
+    def describe(self) -> str:
+        """One line: the strategy, what chose it, codec, overlap, buckets and their algorithms."""
+        methods = self._methods()
+        counts = {m: methods.count(m) for m in dict.fromkeys(methods)}
+        how = ", ".join(f"{n} {m}" for m, n in counts.items())
+        mib = sum(b.n_elems * b.bufs[0].element_size() for b in self.buckets) / 2**20
+        chosen = f" ({self.chosen_by})" if getattr(self, "chosen_by", "") else ""
+        return (f"{self.name}{chosen}, compression={self.codec.name}, overlap={self.overlap}, "
+                f"{len(self.buckets)} bucket(s) of {mib:.1f} MiB in all ({how or 'none'}); "
+                f"gradients live in the buckets")
+
+    def _methods(self) -> list[str]:
+        """How each bucket is summed (for :meth:`describe`)."""
+        return []
+
     def _prepare(self, sizes) -> None:
         """Called with ``[(n_elems, dtype)]`` of every bucket before any is allocated."""
 
-    def _alloc(self, n_elems: int, dtype, index: int) -> torch.Tensor:
+    def _alloc(self, n_elems: int, dtype, index: int, which: int) -> torch.Tensor:
         return torch.zeros(n_elems, dtype=dtype)
 
     def _setup(self) -> None:
@@ -198,8 +267,21 @@ class GradSync:
         return sorted(self._pending)
 
     def _start(self, bucket: Bucket) -> None:
+        bucket.next_round()
         bucket.gather_grads(self.gather_scale)
         self._pending[bucket.index] = Pending(self.reduce_bucket(bucket))
+
+    def _before_accumulate(self, p):
+        """Tensor hook of ``p``: runs before autograd adds a new gradient into ``p.grad``."""
+        i, j = self._bucket_of[id(p)], self._index_in_bucket[id(p)]
+
+        def hook(grad):
+            if i in self._pending:
+                bucket = self.buckets[i]
+                if bucket.owns(j, p.grad):   # in flight: p.grad is the round's input (gather
+                    p.grad = p.grad.clone()  # saw to it), never written: g1 + g2 go private
+            return None
+        return hook
 
     def _on_grad_ready(self, p) -> None:
         """Post-accumulate-grad hook: start a bucket once all its gradients are in; poll others."""
@@ -224,10 +306,11 @@ class GradSync:
                 self._start(bucket)
 
     def finish(self, scatter: bool = True) -> bool:
-        """Wait for every bucket; with ``scatter`` write the means into ``p.grad``.
+        """Wait for every bucket; with ``scatter`` bind each ``p.grad`` to its mean (a view).
 
         Returns the overflow flag: True if any mean holds inf/NaN, identical on every rank.
-        The means stay readable in ``bucket.result`` until the next round starts.
+        The means stay readable in ``bucket.result`` until the next round starts; without
+        ``scatter``, ``p.grad`` keeps this rank's own gradients (:meth:`scatter_means` later).
         """
         self.begin()
         found_inf = False
@@ -238,6 +321,11 @@ class GradSync:
         self._seen.clear()
         self._n_ready = [0] * len(self.buckets)
         return found_inf
+
+    def scatter_means(self) -> None:
+        """After ``finish(scatter=False)``: bind each ``p.grad`` to its mean, as ``finish`` would."""
+        for bucket in self.buckets:
+            bucket.scatter_grads()
 
     def allreduce_grads(self) -> bool:
         """Replace every parameter's gradient by its mean over ranks; returns found_inf."""
@@ -254,6 +342,8 @@ class GradSync:
         for h in self._hooks:
             h.remove()
         self._hooks = []
+        for bucket in self.buckets:
+            bucket.release()
         self._free()
         self.closed = True
 

@@ -27,25 +27,45 @@ from __future__ import annotations
 import torch
 
 import kernels
-from hpctrain.comm.ring import nonfinite
+from hpctrain.comm.ring import SMALL_BYTES, nonfinite
 
 
 class NoCompression:
-    """Full precision on the wire; the bucket itself travels (no copies, MPI can sum it)."""
+    """Full precision on the wire; the bucket itself travels (no copies, MPI can sum it).
+
+    ``reduce`` goes piece by piece (``PIECE_ELEMS``) when it scales or checks: the multiply and
+    the inf/NaN sum then read the piece the add just wrote while it is still in L2, instead of
+    two more passes over memory."""
 
     name = "none"
     compresses = False
     mpi_summable = True
+    PIECE_ELEMS = 1 << 17   # 512 KiB of fp32
 
     def check_dtype(self, dtype: torch.dtype) -> None:
         """Any floating dtype MPI can sum."""
 
     def scratch(self, n_elems: int):
-        return None
+        return torch.empty(-(-n_elems // self.PIECE_ELEMS), dtype=torch.float64)
 
-    def reduce(self, dst, recv, scratch, check: bool) -> bool:
-        dst.add_(recv)
-        return nonfinite(dst) if check else False
+    def reduce(self, dst, recv, scratch, check: bool, src=None, scale: float = 1.0) -> bool:
+        """``dst = scale * (src + recv)`` (``src`` defaults to ``dst``: in place)."""
+        src = dst if src is None else src
+        if scale == 1.0 and not check:
+            torch.add(src, recv, out=dst)
+            return False
+        n, piece = dst.numel(), self.PIECE_ELEMS
+        sums = scratch if scratch is not None and scratch.numel() >= -(-n // piece) \
+            else torch.empty(-(-n // piece), dtype=torch.float64)
+        for k, lo in enumerate(range(0, n, piece)):
+            hi = min(lo + piece, n)
+            o = dst[lo:hi]
+            torch.add(src[lo:hi], recv[lo:hi], out=o)
+            if scale != 1.0:
+                o.mul_(scale)
+            if check:
+                sums[k] = o.sum()
+        return check and n > 0 and not bool(torch.isfinite(sums[:-(-n // piece)].sum()))
 
 
 class FP16Compression:
@@ -86,15 +106,19 @@ class FP16Compression:
     def unpack(self, wire, tensors) -> None:
         kernels.unpack_fp16(wire, tensors, 1.0)
 
-    def reduce(self, dst, recv, scratch, check: bool) -> bool:
+    def reduce(self, dst, recv, scratch, check: bool, src=None, scale: float = 1.0) -> bool:
+        """``dst = scale * (src + recv)`` in fp32, rounded once (``src`` defaults to ``dst``)."""
+        src = dst if src is None else src
         a_all, b_all, sums = scratch
         n, piece = dst.numel(), self.PIECE_ELEMS
         for k, lo in enumerate(range(0, n, piece)):
             hi = min(lo + piece, n)
             a, b = a_all[:hi - lo], b_all[:hi - lo]
-            a.copy_(dst[lo:hi])
+            a.copy_(src[lo:hi])
             b.copy_(recv[lo:hi])
             a.add_(b)
+            if scale != 1.0:
+                a.mul_(scale)
             dst[lo:hi].copy_(a)                     # inf where the rounded sum overflows
             if check:
                 torch.sum(dst[lo:hi], dim=0, dtype=torch.float32, out=sums[k])
@@ -111,3 +135,13 @@ def get(name: str):
     except KeyError:
         raise ValueError(f"comm.compression: unknown compression {name!r} "
                          f"(choose from {', '.join(sorted(COMPRESSIONS))})") from None
+
+
+def wire_codec(codec, n_bytes: int, n_ranks: int):
+    """The codec a buffer of ``n_bytes`` travels with among ``n_ranks``: ``codec`` where it
+    compresses something worth compressing, else full precision (buckets of at most
+    ``ring.SMALL_BYTES`` are latency-bound, and one rank sends nothing). One rule for every
+    strategy; it depends only on sizes every rank agrees on."""
+    if codec.compresses and n_bytes > SMALL_BYTES and n_ranks > 1:
+        return codec
+    return NoCompression()

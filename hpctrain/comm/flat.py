@@ -1,12 +1,16 @@
 """Flat strategy: one allreduce per fusion bucket over the whole communicator.
 
-Every rank is a peer; a bandwidth-optimal ring (:mod:`hpctrain.comm.ring`) with the chosen wire
-codec, MPI's ``Iallreduce`` for small full-precision buckets. Use it on one node or where the
-network is uniform. Compare ChainerMN's ``flat_communicator.py``.
+Every rank is a peer. Per bucket, by size (:func:`hpctrain.comm.ring.mpi_choice`): MPI's
+``Iallreduce`` for latency-bound buckets, MPI's ``Allreduce`` where Open MPI's tuned algorithms
+are faster, else the bandwidth-optimal ring (:mod:`hpctrain.comm.ring`) with the chosen wire
+codec (:func:`hpctrain.comm.compression.wire_codec`). All of them out of place: the mean lands
+in ``bucket.out`` and the gradients in ``bucket.flat`` stay. Use it on one node without shared
+memory between ranks, or where the network is uniform. Compare ChainerMN's
+``flat_communicator.py``.
 """
 from hpctrain.comm.base import Bucket, GradSync
-from hpctrain.comm.compression import NoCompression
-from hpctrain.comm.ring import SMALL_BYTES, RingBuffers, ring_allreduce
+from hpctrain.comm.compression import wire_codec
+from hpctrain.comm.ring import RingBuffers, mpi_choice, ring_allreduce
 
 
 class FlatSync(GradSync):
@@ -18,18 +22,27 @@ class FlatSync(GradSync):
         n = self.comm.Get_size()
         self._codecs, self._rings = [], []
         for b in self.buckets:
-            big = b.n_elems * b.flat.element_size() > SMALL_BYTES
-            codec = self.codec if self.codec.compresses and big and n > 1 else NoCompression()
+            n_bytes = b.n_elems * b.bufs[0].element_size()
+            codec = wire_codec(self.codec, n_bytes, n)
             if codec.compresses:
                 b.wire, b.codec = codec.wire_buffer(b.n_elems), codec
+            dtype = b.bufs[0].dtype if b.wire is None else b.wire.dtype
             self._codecs.append(codec)
-            self._rings.append(RingBuffers(b.flat if b.wire is None else b.wire, n, codec))
+            self._rings.append(RingBuffers(b.n_elems, dtype, n, codec, mpi_choice(n_bytes, codec)))
 
     def reduce_bucket(self, bucket: Bucket):
         i = bucket.index
-        found = yield from ring_allreduce(self._rings[i], self._comms[i], self._codecs[i])
-        bucket.encoded = bucket.wire is not None     # decoded into p.grad by scatter, or on read
-        return found
+        if bucket.wire is not None:         # packed and pre-divided by gather_grads; in place
+            found = yield from ring_allreduce(self._rings[i], self._comms[i], self._codecs[i],
+                                              bucket.wire, bucket.wire)
+            bucket.encoded = True           # decoded into out by scatter, or on read
+            return found
+        return (yield from ring_allreduce(self._rings[i], self._comms[i], self._codecs[i],
+                                          bucket.flat, bucket.out, self.gather_scale))
+
+    def _methods(self) -> list[str]:
+        return [ring.method if codec.name == "none" else f"{ring.method}/{codec.name}"
+                for ring, codec in zip(self._rings, self._codecs)]
 
     def handles(self) -> list:
         return list(self._comms)

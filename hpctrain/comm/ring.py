@@ -23,6 +23,9 @@ from mpi4py import MPI
 
 SMALL_BYTES = 64 * 1024
 SMALL_ELEMS = 1 << 14
+MPI_MAX_BYTES = 0
+"""Full-precision buffers up to this size go through MPI's blocking ``Allreduce`` instead of the
+ring (:func:`mpi_choice`); set from ``bench allreduce`` measurements (README)."""
 TAG_SCATTER, TAG_GATHER = 11, 12
 
 
@@ -51,57 +54,89 @@ def _msg(t: torch.Tensor):
     return [t.detach().numpy().view(np.uint8), MPI.BYTE]
 
 
+def mpi_choice(n_bytes: int, codec) -> str:
+    """How a full-precision buffer of ``n_bytes`` is summed: ``"iallreduce"`` (latency-bound, at
+    most ``SMALL_BYTES``), ``"allreduce"`` (MPI's blocking call, up to ``MPI_MAX_BYTES``, where
+    Open MPI's tuned algorithms beat the ring) or ``"ring"``. A pure function of the size and the
+    codec, so every rank, and the overlapped and blocking paths, choose alike (bit-identical
+    results). Compressed buffers always take the ring (MPI cannot sum fp16)."""
+    if not codec.mpi_summable:
+        return "ring"
+    if n_bytes <= SMALL_BYTES:
+        return "iallreduce"
+    return "allreduce" if n_bytes <= MPI_MAX_BYTES else "ring"
+
+
 class RingBuffers:
-    """What one ring needs, allocated once: the buffer that travels, a receive area, and the
-    codec's scratch for widening a chunk (fp16: fp32 accumulation)."""
+    """What one ring needs, allocated once: a receive area and the codec's scratch for widening
+    a chunk (fp16: fp32 accumulation). ``method`` is :func:`mpi_choice`'s verdict."""
 
-    __slots__ = ("wire", "recv", "scratch", "bounds")
+    __slots__ = ("recv", "scratch", "bounds", "method")
 
-    def __init__(self, wire: torch.Tensor, n_ranks: int, codec):
-        self.wire = wire
-        self.bounds = chunk_bounds(wire.numel(), n_ranks)
+    def __init__(self, n_elems: int, dtype, n_ranks: int, codec, method: str = "ring"):
+        self.bounds = chunk_bounds(n_elems, n_ranks)
+        self.method = method if n_ranks > 1 else "ring"
         largest = max((b - a for a, b in zip(self.bounds, self.bounds[1:])), default=0)
-        largest = largest if n_ranks > 1 else 0
-        self.recv = torch.empty(largest, dtype=wire.dtype)
+        largest = largest if n_ranks > 1 and self.method == "ring" else 0
+        self.recv = torch.empty(largest, dtype=dtype)
         self.scratch = codec.scratch(largest)
 
 
-def ring_allreduce(buf: RingBuffers, comm: MPI.Comm, codec):
-    """Generator: ``buf.wire <- sum over comm of buf.wire``, in the codec's wire format; returns
-    the overflow flag (inf/NaN in the sum), the same on every rank.
+def ring_allreduce(buf: RingBuffers, comm: MPI.Comm, codec, src: torch.Tensor, dst: torch.Tensor,
+                   scale: float = 1.0):
+    """Generator: ``dst <- scale * sum over comm of src``, in the codec's wire format; returns the
+    overflow flag (inf/NaN in the result), the same on every rank.
 
+    Out of place (``dst`` may be ``src``): ``src`` is only read, so a rank's own gradients stay
+    intact in it while the mean lands in ``dst`` - at no extra memory traffic, since every add of
+    the reduce-scatter writes a new value anyway (``dst[c] = src[c] + received``) and the
+    allgather receives into ``dst``. ``scale`` is folded into the last add of each chunk (a pass
+    over 1/n of the buffer while it is in cache, instead of a pass over all of it).
     ``comm`` should carry no other traffic while this runs (each bucket gets its own ``Dup``),
     so messages of concurrently running rings cannot match each other.
     """
-    wire, n, r = buf.wire, comm.Get_size(), comm.Get_rank()
-    if wire.numel() == 0:
+    n, r = comm.Get_size(), comm.Get_rank()
+    if src.numel() == 0:
         return False
     if n == 1:
-        return nonfinite(wire)
-    if codec.mpi_summable and wire.numel() * wire.element_size() <= SMALL_BYTES:
-        yield [comm.Iallreduce(MPI.IN_PLACE, wire.detach().numpy(), op=MPI.SUM)]
-        return nonfinite(wire)      # every rank holds MPI's identical result
+        if scale != 1.0:
+            torch.mul(src, scale, out=dst)
+        elif dst is not src:
+            dst.copy_(src)
+        return nonfinite(dst)
+    if buf.method != "ring":            # every rank holds MPI's identical result
+        send = MPI.IN_PLACE if src.data_ptr() == dst.data_ptr() else src.detach().numpy()
+        if buf.method == "iallreduce":
+            yield [comm.Iallreduce(send, dst.detach().numpy(), op=MPI.SUM)]
+        else:
+            comm.Allreduce(send, dst.detach().numpy(), op=MPI.SUM)
+        if scale != 1.0:
+            dst.mul_(scale)
+        return nonfinite(dst)
     bounds, right, left = buf.bounds, (r + 1) % n, (r - 1) % n
 
     def part(i):
         i %= n
         return slice(bounds[i], bounds[i + 1])
 
-    # Reduce-scatter: at step s send chunk r-s, receive chunk r-s-1 and add my share to it.
-    # At the last step the chunk (r+1) is complete here: the codec says whether it holds
-    # inf/NaN, and that flag, OR-ed over ranks, travels with the allgather.
+    # Reduce-scatter: at step s send chunk r-s (my own at s=0, a partial sum after), receive
+    # chunk r-s-1 and add my share: dst[c] = src[c] + received. At the last step chunk r+1 is
+    # complete here: scaled, and the codec says whether it holds inf/NaN; that flag, OR-ed over
+    # ranks, travels with the allgather.
     found = False
     for s in range(n - 1):
         send, recv = part(r - s), part(r - s - 1)
         tmp = buf.recv[:recv.stop - recv.start]
-        yield [comm.Isend(_msg(wire[send]), right, TAG_SCATTER),
+        yield [comm.Isend(_msg((src if s == 0 else dst)[send]), right, TAG_SCATTER),
                comm.Irecv(_msg(tmp), left, TAG_SCATTER)]
-        found = codec.reduce(wire[recv], tmp, buf.scratch, check=s == n - 2)
+        last = s == n - 2
+        found = codec.reduce(dst[recv], tmp, buf.scratch, check=last, src=src[recv],
+                             scale=scale if last else 1.0)
     flag = np.array([found], dtype=np.uint8)
     reqs = [comm.Iallreduce(MPI.IN_PLACE, flag, op=MPI.MAX)]
     for s in range(n - 1):
         send, recv = part(r - s + 1), part(r - s)
-        yield reqs + [comm.Isend(_msg(wire[send]), right, TAG_GATHER),
-                      comm.Irecv(_msg(wire[recv]), left, TAG_GATHER)]
+        yield reqs + [comm.Isend(_msg(dst[send]), right, TAG_GATHER),
+                      comm.Irecv(_msg(dst[recv]), left, TAG_GATHER)]
         reqs = []
     return bool(flag[0])

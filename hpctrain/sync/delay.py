@@ -89,6 +89,12 @@ class DelayedSync:
                 self._sleep(remaining_s)
         return found_inf
 
+    def scatter_means(self) -> None:
+        self.inner.scatter_means()
+
+    def describe(self) -> str:
+        return f"{self.inner.describe()}; emulated link delay {self.delay_s * 1e3:g} ms"
+
     def allreduce_grads(self) -> bool:
         self.begin()
         return self.finish(scatter=True)

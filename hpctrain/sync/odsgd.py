@@ -48,8 +48,9 @@ the run that wrote it (which passed the same synchronisation point). :meth:`stat
 while an update is in flight: only rank 0 writes checkpoints, and the pending mean needs all.
 
 Memory: one more weight-sized buffer (whichever of W/ŵ the parameters do not hold; they are
-swapped by ``p.data``, not copied) and one gradient-sized buffer for the mean; plus u^k when
-μ_l > 0. Extra work per step over SSGD: the local update (one pass over W, g and ŵ).
+swapped by ``p.data``, not copied) and one gradient-sized buffer for this rank's gradients
+(private: the round in flight owns the bucket buffers; the means are read in the buckets as
+views); plus u^k when μ_l > 0. Extra work per step over SSGD: the local update (one pass over W, g and ŵ).
 """
 from __future__ import annotations
 
@@ -130,7 +131,7 @@ class ODSGD:
         self._group_index = [group_of.get(id(p)) for p in self.params]   # None: not optimised
         self.steps = 0
         self._round: Round | None = None
-        self._store = self._mean = self._local_buf = None    # allocated at the first OD-SGD step
+        self._store = self._grads = self._local_buf = None   # allocated at the first OD-SGD step
         self._hooks = [m.register_forward_pre_hook(self._poll_hook) for m in model.modules()]
         self._hooks += [p.register_post_accumulate_grad_hook(self._poll_hook) for p in self.params]
 
@@ -157,6 +158,9 @@ class ODSGD:
             self.steps += 1
             return self.ssgd.step(compute_loss)
         self._allocate()
+        for p, g in zip(self.params, self._grads):    # private: the round in flight owns the
+            if p.grad is not g:                       # bucket buffers (p.grad may still view
+                p.grad = g                            # them after a warm-up SSGD step)
         self.optimizer.zero_grad(set_to_none=False)
         with self.timer.span("forward"):
             loss = compute_loss()
@@ -180,7 +184,7 @@ class ODSGD:
     def _allocate(self) -> None:
         if self._store is None:
             self._store = [torch.empty_like(p) for p in self.params]
-            self._mean = [torch.zeros_like(p) for p in self.params]
+            self._grads = [torch.zeros_like(p) for p in self.params]
             if self.local_momentum:
                 self._local_buf = [torch.zeros_like(p) for p in self.params]
 
@@ -195,10 +199,7 @@ class ODSGD:
                 os.sched_yield()                   # the ring waits for get to run (MPI would spin)
             found_inf = self.sync.finish(scatter=False)
             local_grads = [p.grad for p in self.params]
-            for p, mean in zip(self.params, self._mean):
-                p.grad = mean
-            for bucket in self.sync.buckets:         # the means out of the buckets, as SSGD's
-                bucket.scatter_grads()               # finish(scatter=True) does in its span
+            self.sync.scatter_means()              # p.grad: views of the means (no copy)
         rnd, self._round = self._round, None
         swap_data_(self.params, self._store)
         overflow = agreed_overflow(found_inf, self.params)

@@ -64,12 +64,6 @@ def agreed_overflow(sync_flag, params) -> bool:
     return bool(grads) and not all_finite(grads)
 
 
-def scatter_means(sync) -> None:
-    """The round's means into ``p.grad`` (what ``finish(scatter=True)`` does after its waits)."""
-    for bucket in sync.buckets:
-        bucket.scatter_grads()
-
-
 def sync_comm(sync):
     """The communicator a gradient sync averages over (through wrappers' ``inner``)."""
     while not hasattr(sync, "comm"):
@@ -143,7 +137,7 @@ class SSGD:
             self.sync.begin()
             overflow = bool(self.sync.finish(scatter=False))   # p.grad: still this rank's own
             if not overflow:
-                scatter_means(self.sync)
+                self.sync.scatter_means()                      # p.grad: views of the means
         scale = self.scaler.scale if self.scaler else 1.0
         if self.scaler:
             self.scaler.update(overflow)

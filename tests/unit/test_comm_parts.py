@@ -90,7 +90,7 @@ def test_buckets_reverse_order_and_dtype_split():
     assert [[id(p) for p in b.params] for b in buckets] == [[id(ps[3])], [id(ps[2])],
                                                             [id(ps[1]), id(ps[0])]]
     assert bucket_sizes(ps, 800) == [(300, torch.float32), (10, torch.float64), (200, torch.float32)]
-    assert all(b.result is b.flat for b in buckets)
+    assert all(b.result is b.out and b.out is not b.flat for b in buckets)
 
 
 def test_pending_runs_a_generator_to_its_return_value():
