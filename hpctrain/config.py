@@ -138,7 +138,8 @@ class OptimConfig:
 
 @dataclass
 class CommConfig:
-    strategy: str = opt("flat", "gradient allreduce strategy (see README table)", choices="hpctrain.comm:STRATEGIES")
+    strategy: str = opt("auto", "gradient allreduce strategy: auto (hierarchical where a node holds several ranks, "
+                        "else flat) | flat | hierarchical (README table)", choices="hpctrain.comm:STRATEGIES")
     compression: str = opt("none", "wire compression: none | fp16", choices="hpctrain.comm:COMPRESSIONS")
     ranks_per_node: int = opt(0, "emulate K ranks per node (0: real nodes via COMM_TYPE_SHARED)", range=NON_NEGATIVE)
     bucket_mb: float = opt(25.0, "fusion bucket size in MB", range=Range(0, 65536, lo_open=True))

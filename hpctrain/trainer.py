@@ -23,7 +23,8 @@ from torch import nn
 from hpctrain import comm as comm_lib
 from hpctrain import sync as sync_lib
 from hpctrain.ops.metrics import NULL_TIMER, StepTimer
-from hpctrain.optim import set_lr
+from hpctrain.optim import make_criterion, set_lr
+from hpctrain.optim.loss_scale import LossScaler
 from hpctrain.optim.schedules import ScheduleSpec, lr_at
 from hpctrain.topology import Topology
 
@@ -42,16 +43,17 @@ class DistributedTrainer:
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, topology: Topology, *,
-                 strategy: str = "flat", compression: str = "none", bucket_mb: float = 25.0,
+                 strategy: str = "auto", compression: str = "none", bucket_mb: float = 25.0,
                  overlap: bool = False, algorithm: str = "ssgd", algorithm_options: dict | None = None,
                  schedule: ScheduleSpec | None = None, loss_fn: Callable | None = None,
-                 compute: str = "fp32", scaler=None, timer: StepTimer = NULL_TIMER, comm_delay_ms: float = 0.0,
+                 compute: str = "fp32", scaler=None, timer: StepTimer | None = None, comm_delay_ms: float = 0.0,
                  broadcast_buffers: str = "finish"):
         if compute not in AUTOCAST_DTYPES:
             raise ValueError(f"precision.compute: unknown {compute!r} (choose from {', '.join(AUTOCAST_DTYPES)})")
         if broadcast_buffers not in BROADCAST_BUFFERS:
             raise ValueError(f"broadcast_buffers: unknown {broadcast_buffers!r} "
                              f"(choose from {', '.join(BROADCAST_BUFFERS)})")
+        timer = NULL_TIMER if timer is None else timer      # records nothing
         self.model, self.optimizer, self.topo = model, optimizer, topology
         self.schedule, self.timer = schedule, timer
         self.broadcast_buffers = broadcast_buffers
@@ -69,6 +71,18 @@ class DistributedTrainer:
         self.algo = sync_lib.create(algorithm, model, optimizer, self.sync, scaler=scaler, timer=timer,
                                     **(algorithm_options or {}))
         self.step_count = 0
+
+    @classmethod
+    def from_config(cls, model: nn.Module, optimizer: torch.optim.Optimizer, topology: Topology, cfg, *,
+                    schedule: ScheduleSpec | None = None, timer: StepTimer | None = None) -> DistributedTrainer:
+        """The keyword constructor fed from a :class:`~hpctrain.config.Config`: its ``[comm]``,
+        ``[sync]`` and ``[precision]`` sections, and the loss of ``optim.label_smoothing``."""
+        c, s = cfg.comm, cfg.sync
+        return cls(model, optimizer, topology, strategy=c.strategy, compression=c.compression,
+                   bucket_mb=c.bucket_mb, overlap=c.overlap, algorithm=s.algorithm,
+                   algorithm_options=sync_lib.algorithm_options(s), comm_delay_ms=s.comm_delay_ms,
+                   schedule=schedule, loss_fn=make_criterion(cfg.optim.label_smoothing),
+                   compute=cfg.precision.compute, scaler=LossScaler.from_config(cfg.precision), timer=timer)
 
     def autocast(self):
         """Mixed-precision compute context (FP32 master weights stay in the optimiser)."""

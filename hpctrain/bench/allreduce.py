@@ -171,7 +171,7 @@ def parse_args(argv):
     p.add_argument("--warmup", type=int, default=3, help="untimed iterations first")
     p.add_argument("--ranks-per-node", type=int, default=0,
                    help="emulate K ranks per node for hierarchical (0: real nodes)")
-    p.add_argument("--strategies", default=",".join(sorted(comm_lib.STRATEGIES)),
+    p.add_argument("--strategies", default=",".join(comm_lib.concrete()),
                    type=lambda s: s.split(","))
     p.add_argument("--compressions", default="none,fp16", type=lambda s: s.split(","))
     p.add_argument("--no-gloo", action="store_true", help="skip the torch.distributed peer")

@@ -4,8 +4,11 @@ compression (``comm.compression``).
 ============  ==============================================================================
 strategy      when to use it
 ============  ==============================================================================
-flat          every rank a peer: ring allreduce per fusion bucket (MPI ``Iallreduce`` below
-              64 KiB). Use on one node without shared memory between ranks, on a uniform
+auto          the default: ``hierarchical`` where some node holds more than one rank (and its
+              ranks share memory), ``flat`` otherwise. ``describe()`` says what it chose.
+flat          every rank a peer, per fusion bucket by size: MPI ``Iallreduce`` up to 64 KiB,
+              MPI ``Allreduce`` up to 32 MiB (Open MPI's tuned algorithms win there), the
+              ring above (``ring.mpi_choice``). Use with one rank per node, on a uniform
               network, or as the reference.
 hierarchical  many ranks per node: the node level sums through an MPI-3 shared-memory window
               (no messages), then one allreduce per slice across nodes. Use whenever nodes hold
@@ -35,7 +38,7 @@ from hpctrain.comm.base import Bucket, GradSync, make_buckets
 from hpctrain.comm.collectives import allreduce_sum, broadcast_module, broadcast_tensors, checksum
 from hpctrain.comm.compression import COMPRESSIONS
 from hpctrain.comm.flat import FlatSync
-from hpctrain.comm.hierarchical import HierarchicalSync
+from hpctrain.comm.hierarchical import HierarchicalSync, nodes_share_memory
 
 STRATEGIES: dict[str, type[GradSync]] = {}
 
@@ -48,6 +51,28 @@ def register(cls: type[GradSync]) -> type[GradSync]:
 
 register(FlatSync)
 register(HierarchicalSync)
+
+
+def auto(params, topology, **kwargs) -> GradSync:
+    """``hierarchical`` where some node holds more than one rank and they share memory, else
+    ``flat`` (collective; every rank chooses alike)."""
+    several = max(topology.node_sizes or (topology.local_size,)) > 1
+    if several and nodes_share_memory(topology):
+        sync = HierarchicalSync(params, topology, **kwargs)
+        sync.chosen_by = f"auto: {max(topology.node_sizes or (topology.local_size,))} ranks on a node"
+    else:
+        sync = FlatSync(params, topology, **kwargs)
+        sync.chosen_by = "auto: one rank per node" if not several else "auto: no shared memory"
+    return sync
+
+
+auto.name = "auto"
+register(auto)
+
+
+def concrete() -> list[str]:
+    """Names of the strategies that are algorithms (not selectors such as ``auto``), sorted."""
+    return sorted(n for n, cls in STRATEGIES.items() if isinstance(cls, type))
 
 
 def create(name: str, params, topology, **kwargs) -> GradSync:
@@ -65,5 +90,5 @@ def create(name: str, params, topology, **kwargs) -> GradSync:
 
 
 __all__ = ["Bucket", "GradSync", "make_buckets", "STRATEGIES", "COMPRESSIONS", "register", "create",
-           "FlatSync", "HierarchicalSync",
+           "FlatSync", "HierarchicalSync", "auto", "concrete",
            "allreduce_sum", "broadcast_module", "broadcast_tensors", "checksum"]

@@ -71,15 +71,20 @@ def sum_into(srcs, out: torch.Tensor, scale: float = 1.0, chunk: int = CHUNK_ELE
     return check and n > 0 and not bool(torch.isfinite(sums.sum()))
 
 
+def nodes_share_memory(topo) -> bool:
+    """Do the ranks of every node share memory? Collective, the same answer on every rank."""
+    shm = topo.intra.Split_type(MPI.COMM_TYPE_SHARED)
+    shared = shm.Get_size() == topo.intra.Get_size()
+    shm.Free()
+    return bool(topo.comm.allreduce(shared, op=MPI.LAND))
+
+
 class HierarchicalSync(GradSync):
     name = "hierarchical"
 
     def _prepare(self, sizes) -> None:
         t = self.topo
-        shm = t.intra.Split_type(MPI.COMM_TYPE_SHARED)
-        shared = shm.Get_size() == t.intra.Get_size()
-        shm.Free()
-        if not t.comm.allreduce(shared, op=MPI.LAND):     # same answer on every rank
+        if not nodes_share_memory(t):
             raise ValueError("comm.strategy: hierarchical needs the ranks of a node to share memory; "
                              "comm.ranks_per_node must group ranks of one host")
         self._offsets, self._buf_bytes = layout(sizes)

@@ -9,7 +9,7 @@ from hpctrain.comm.base import bucket_sizes, make_buckets
 from hpctrain.comm.compression import FP16Compression, NoCompression, get
 from hpctrain.comm.hierarchical import sum_into
 from hpctrain.comm.progress import Pending, run
-from hpctrain.comm.ring import chunk_bounds, nonfinite
+from hpctrain.comm.ring import MPI_MAX_BYTES, SMALL_BYTES, chunk_bounds, mpi_choice, nonfinite
 from hpctrain.comm.window import layout
 
 
@@ -131,3 +131,12 @@ def test_one_rank_mean_is_the_gradient_exactly(strategy, codec):
     assert all(torch.equal(p.grad, w) for p, w in zip(model.parameters(), want))
     sync.close()
     topo.close()
+
+
+def test_size_rule_picks_mpi_or_the_ring():
+    none, fp16 = NoCompression(), FP16Compression()
+    assert mpi_choice(SMALL_BYTES, none) == "iallreduce"
+    assert mpi_choice(SMALL_BYTES + 4, none) == "allreduce"
+    assert mpi_choice(MPI_MAX_BYTES, none) == "allreduce"
+    assert mpi_choice(MPI_MAX_BYTES + 4, none) == "ring"
+    assert mpi_choice(4, fp16) == "ring"         # MPI cannot sum fp16
