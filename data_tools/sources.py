@@ -23,13 +23,15 @@ from typing import Callable
 
 import numpy as np
 
+from hpctrain.errors import UserError
+
 SOURCES: dict[str, Callable] = {}
 MAX_CLASSES = 100_000            # one output unit and one name per class: a larger label is a corrupt file
 MAX_SAMPLE_BYTES = 256 << 20     # one decoded sample; each rank holds a chunk of at least one in memory
 _SCAN_BYTES = 32 << 20           # samples checked for NaN/inf per step (bounds the temporary mask)
 
 
-class SourceError(Exception):
+class SourceError(UserError):
     """The source file or folder is unusable (message names it, and the sample where known)."""
 
 

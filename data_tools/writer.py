@@ -21,14 +21,16 @@ import numpy as np
 
 from data_tools.sources import Source, SourceError, check_sample_bytes, from_arrays
 from hpctrain.data.plan import block_range
-from hpctrain.data.shards import INDEX, atomic_write_text, file_sha256, shard_name, write_index
+from hpctrain.data.shards import INDEX, file_sha256, shard_name, write_index
 from hpctrain.data.shardwriter import ShardWriter
+from hpctrain.errors import UserError
+from hpctrain.fileio import atomic_write_text
 
 CHUNK_BYTES = 32 << 20          # samples read and written per step (bounds memory per rank)
 RECORDS = ".convert"
 
 
-class ConvertError(Exception):
+class ConvertError(UserError):
     """A conversion failed on some rank (message names the file, and the sample where known)."""
 
 
@@ -157,6 +159,8 @@ def convert(source: Source, out: str, n_shards: int = 1, *, comm=None, tag: str 
     compares). Raises :class:`ConvertError` on every rank when any rank failed.
     """
     from mpi4py import MPI
+
+    from hpctrain.ops.agree import agree
     comm = MPI.COMM_SELF if comm is None else comm
     rank, size = comm.Get_rank(), comm.Get_size()
     if n_shards < 1:
@@ -173,7 +177,7 @@ def convert(source: Source, out: str, n_shards: int = 1, *, comm=None, tag: str 
                 os.remove(os.path.join(out, INDEX))       # an index claims completeness: drop the old one
         except OSError as exc:
             error = f"{out}: cannot prepare the output directory ({exc})"
-    _agree(comm, error)
+    agree(comm, error, ConvertError)
     jobs = shard_jobs(source, n_shards)
     mine = [k for k in range(len(jobs)) if k % size == rank]
     bar = None
@@ -198,7 +202,7 @@ def convert(source: Source, out: str, n_shards: int = 1, *, comm=None, tag: str 
     finally:
         if bar is not None:
             bar.close()
-    _agree(comm, error)
+    agree(comm, error, ConvertError)
     gathered = comm.gather((records, skipped), root=0)
     meta = None
     if rank == 0:
@@ -207,13 +211,6 @@ def convert(source: Source, out: str, n_shards: int = 1, *, comm=None, tag: str 
         meta["skipped_shards"] = sum(s for _, s in gathered)
         write_index(out, {k: v for k, v in meta.items() if k != "skipped_shards"})
     return comm.bcast(meta, root=0)
-
-
-def _agree(comm, error: str | None) -> None:
-    """Every rank raises the first rank's error, or none does."""
-    errors = [e for e in comm.allgather(error) if e]
-    if errors:
-        raise ConvertError(errors[0])
 
 
 def write_dataset(out: str, splits: dict, class_names: list, n_shards: int = 1) -> dict:

@@ -92,7 +92,7 @@ def train_main(argv: list[str]) -> int:
         if comm.Get_rank() == 0:
             print(f"hpctrain: {exc}", file=sys.stderr)
         return 3
-    except (ConfigError, UserError) as exc:
+    except UserError as exc:
         if isinstance(exc, UserError) and not exc.agreed:
             raise                   # this rank's alone: the abort hook prints it and ends every rank
         if comm.Get_rank() == 0:

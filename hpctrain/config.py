@@ -21,11 +21,9 @@ import tomllib
 import typing
 from dataclasses import dataclass, field
 
+from hpctrain.errors import ConfigError
+
 INF = math.inf
-
-
-class ConfigError(ValueError):
-    """A configuration value is wrong; the message names the field (``section.key``)."""
 
 
 @dataclass(frozen=True)

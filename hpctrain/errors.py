@@ -6,6 +6,9 @@ Anything else is a bug: it keeps its traceback and aborts the job (``ops.abort.i
 safe. An error one rank finds alone (a corrupt shard in its reader) is ``agreed = False``: that
 rank prints its line and aborts the job, since the others wait in a collective it will not reach.
 """
+from __future__ import annotations
+
+import contextlib
 
 
 class UserError(Exception):
@@ -14,7 +17,27 @@ class UserError(Exception):
     agreed = True
 
 
+class ConfigError(UserError, ValueError):
+    """A configuration value is wrong; the message names the field (``section.key``)."""
+
+
+class MissingPackageError(UserError, ImportError):
+    """An optional package is not installed; the message says what to install."""
+
+
 class LocalUserError(UserError):
     """A user-facing error found by one rank alone (see the module docstring)."""
 
     agreed = False
+
+
+@contextlib.contextmanager
+def config_errors():
+    """Inside, a ``ValueError`` from a builder's argument checks becomes a :class:`ConfigError`
+    with the same message: the arguments were read from a config section (``*_from_config``)."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc

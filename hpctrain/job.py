@@ -15,13 +15,13 @@ import torch
 from mpi4py import MPI
 
 from hpctrain import comm as comm_lib
-from hpctrain import sync as sync_lib
 from hpctrain.api import bind_device
-from hpctrain.config import Config, ConfigError
-from hpctrain.data import ShardError, ShardLoader, ShardSet, eval_batches, open_split, read_index, train_loader
+from hpctrain.config import Config
+from hpctrain.data import (ShardLoader, ShardSet, eval_batches, open_split_from_config, read_index,
+                           train_loader_from_config)
 from hpctrain.data.builtin import resolve_dataset
-from hpctrain.errors import UserError
-from hpctrain.models import ModelError, build_model
+from hpctrain.errors import ConfigError, UserError
+from hpctrain.models import BUILTIN, ModelError, build_model
 from hpctrain.ops.agree import agree, check_consistency, software_versions
 from hpctrain.ops.checkpoint import Checkpointer
 from hpctrain.ops.inject import maybe_inject
@@ -29,9 +29,7 @@ from hpctrain.ops.metrics import MetricsLog, StepTimer, gpu_time
 from hpctrain.ops.signals import StopSignal, Stopped
 from hpctrain.ops.timeline import Timeline, merge_and_write
 from hpctrain.ops.watchdog import Watchdog
-from hpctrain.optim import make_criterion, make_optimizer
-from hpctrain.optim.loss_scale import LossScaler
-from hpctrain.optim.schedules import spec_from_config
+from hpctrain.optim import optimizer_from_config, schedule_from_config
 from hpctrain.polish import recompute_bn_stats
 from hpctrain.topology import Topology
 from hpctrain.trainer import DistributedTrainer
@@ -50,9 +48,6 @@ class Job:
     @property
     def model(self) -> torch.nn.Module:
         return self.trainer.model
-
-
-USER_ERRORS = (ConfigError, ShardError, ModelError, ValueError, OSError, RuntimeError, ImportError)
 
 
 def on_agreed_exit(close):
@@ -84,36 +79,21 @@ def setup(cfg: Config, comm: MPI.Comm, stack: contextlib.ExitStack) -> Job:
     # collective, same verdict on every rank: names an odd rank out
     _agreed(comm, check_consistency, topo.comm, model, cfg.to_dict(), software_versions())
     timer = StepTimer()
-    o = cfg.optim
-    trainer = DistributedTrainer(model, optimizer, topo, strategy=cfg.comm.strategy,
-                                 compression=cfg.comm.compression, bucket_mb=cfg.comm.bucket_mb,
-                                 overlap=cfg.comm.overlap, algorithm=cfg.sync.algorithm,
-                                 algorithm_options=sync_lib.algorithm_options(cfg.sync),
-                                 comm_delay_ms=cfg.sync.comm_delay_ms,
-                                 schedule=schedule, loss_fn=make_criterion(o.label_smoothing),
-                                 compute=cfg.precision.compute, scaler=make_scaler(cfg.precision), timer=timer)
+    trainer = DistributedTrainer.from_config(model, optimizer, topo, cfg, schedule=schedule, timer=timer)
     stack.push(on_agreed_exit(trainer.close))
     return Job(cfg, topo, trainer, loader, test_set, timer)
 
 
 def _agreed(comm: MPI.Comm, phase, *args):
-    """Run a set-up phase; if it fails on any rank, every rank raises the same UserError."""
+    """Run a set-up phase; if it fails on any rank with a :class:`UserError`, every rank raises
+    the same one. Any other exception is a bug: it keeps its traceback and aborts the job."""
     error, result = None, None
     try:
         result = phase(*args)
-    except USER_ERRORS as exc:
+    except UserError as exc:
         error = exc
     agree(comm, error)
     return result
-
-
-def make_scaler(p) -> LossScaler | None:
-    if p.loss_scale == "none":
-        return None
-    if p.loss_scale == "dynamic":
-        return LossScaler(init_scale=p.init_scale, growth_interval=p.growth_interval)
-    value = float(p.loss_scale)   # a fixed scale: never grows, never backs off below itself
-    return LossScaler(init_scale=value, growth_interval=2**62, min_scale=value, max_scale=value)
 
 
 def check_model_output(model: torch.nn.Module, sample: torch.Tensor, num_classes: int, name: str) -> None:
@@ -139,14 +119,10 @@ def _data_index(cfg: Config, topo: Topology):
 def _open_data(cfg: Config, topo: Topology, index, stack: contextlib.ExitStack):
     """Train loader and test split (collective opens with ``mpio``), registered on ``stack``
     at once: a check failing on one rank after the opens still closes them on every rank."""
-    d = cfg.data
-    loader = train_loader(index, topo, batch_size=cfg.train.batch_size // topo.size, seed=cfg.train.seed,
-                          block_size=d.block_size, shuffle_window=d.shuffle_window, prefetch=d.prefetch,
-                          drop_last=d.drop_last, augment=d.augment, augment_kind=d.augment_kind,
-                          augment_flip=d.augment_flip, reader=d.reader, hdf5_driver=d.hdf5_driver,
-                          verify=d.verify)
+    loader = train_loader_from_config(index, topo, cfg.data, batch_size=cfg.train.batch_size // topo.size,
+                                      seed=cfg.train.seed)
     stack.push(on_agreed_exit(loader.close))
-    test_set = open_split(index, "test", topo, driver=d.hdf5_driver, verify=d.verify)
+    test_set = open_split_from_config(index, "test", topo, cfg.data)
     stack.push(on_agreed_exit(test_set.close))
     test_set.check()
     if loader.steps == 0:
@@ -161,20 +137,18 @@ def _model_and_optimizer(cfg: Config, index, loader):
         raise ConfigError("config precision.compute: fp16 compute needs a CUDA device; use bf16 on CPU")
     torch.manual_seed(cfg.train.seed)
     m = cfg.model
-    model = build_model(m.name, num_classes=index.num_classes, in_channels=index.sample_shape[0],
-                        batchnorm=m.batchnorm, zero_init_residual=m.zero_init_residual)
+    try:
+        model = build_model(m.name, num_classes=index.num_classes, in_channels=index.sample_shape[0],
+                            batchnorm=m.batchnorm, zero_init_residual=m.zero_init_residual)
+    except (ValueError, OSError, RuntimeError, ImportError) as exc:
+        if isinstance(exc, UserError) or m.name in BUILTIN:
+            raise                                  # a built-in model's failure is hpctrain's bug
+        raise ModelError(str(exc)) from exc        # the user's own factory failed: one line
     sample = next(iter(eval_batches(loader.shards, rank=0, size=1, batch_size=2)))[0]
     check_model_output(model, sample, index.num_classes, m.name)
-    o = cfg.optim
-    optimizer = make_optimizer(model, o.name, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay,
-                               nesterov=o.nesterov, eta=o.lars_eta, eps=o.lars_eps,
-                               exclude_1d=o.lars_exclude_1d, clip=o.lars_clip)
-    schedule = spec_from_config(lr=o.lr, global_batch=cfg.train.batch_size, steps_per_epoch=loader.steps,
-                                epochs=cfg.train.epochs, warmup_epochs=o.warmup_epochs, kind=o.schedule,
-                                warmup=o.warmup, optimizer=o.name, base_batch=o.base_batch,
-                                scale_lr=o.scale_lr, poly_power=o.poly_power, end_lr=o.end_lr,
-                                step_epochs=o.step_epochs, step_gamma=o.step_gamma,
-                                hold_epochs=None if o.hybrid_hold_epochs < 0 else o.hybrid_hold_epochs)
+    optimizer = optimizer_from_config(model, cfg.optim)
+    schedule = schedule_from_config(cfg.optim, global_batch=cfg.train.batch_size, steps_per_epoch=loader.steps,
+                                    epochs=cfg.train.epochs)
     return model, optimizer, schedule
 
 

@@ -11,6 +11,8 @@ import tempfile
 
 from mpi4py import MPI
 
+from hpctrain.errors import UserError
+
 BUILTIN_DATASETS = {"digits": "digits-v1"}
 
 
@@ -27,7 +29,7 @@ def resolve_dataset(dataset: str, cache_dir: str, comm: MPI.Comm) -> str:
             error = f"converting built-in dataset {dataset!r} into {path}: {exc}"
     error = comm.bcast(error, root=0)
     if error:
-        raise RuntimeError(error)
+        raise UserError(error)           # the same line on every rank (rank 0's traceback is not kept)
     return path
 
 

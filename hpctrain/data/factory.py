@@ -1,7 +1,7 @@
 """Build the training loader and the evaluation split from the data options, for the CLI job (``hpctrain.job``).
 
-The options are the fields of ``DataConfig`` passed by name (this module does not import the
-config). ``reader="node"``: the node's local rank 0 opens the training shards — collectively over
+The options are the fields of ``DataConfig``, passed by name or as the section itself
+(``*_from_config``; this module does not import the config). ``reader="node"``: the node's local rank 0 opens the training shards — collectively over
 the node readers (``Topology.inter`` of local rank 0) with ``mpio`` — and fills the shared
 window; the other ranks never open them. Evaluation splits are read by every rank.
 """
@@ -11,13 +11,14 @@ from hpctrain.data.augment import KINDS, Augment
 from hpctrain.data.hdf5 import DRIVERS
 from hpctrain.data.loader import ShardLoader
 from hpctrain.data.shards import ShardError, ShardIndex, ShardSet
+from hpctrain.errors import ConfigError
 
 READERS = ("rank", "node")
 
 
 def _check(key: str, value: str, allowed: tuple) -> None:
     if value not in allowed:
-        raise ValueError(f"config data.{key}: expected one of {' | '.join(allowed)}, got {value!r}")
+        raise ConfigError(f"config data.{key}: expected one of {' | '.join(allowed)}, got {value!r}")
 
 
 def open_split(index: ShardIndex, split: str, topo, *, driver: str = "auto", verify: str = "shared") -> ShardSet:
@@ -69,3 +70,16 @@ def train_loader(index: ShardIndex, topo, *, batch_size: int, seed: int = 0, blo
                          drop_last=drop_last, transform=transform, node_comm=node_comm)
     loader.owns_shards = True
     return loader
+
+
+def train_loader_from_config(index: ShardIndex, topo, d, *, batch_size: int, seed: int = 0) -> ShardLoader:
+    """:func:`train_loader` with the options of a ``[data]`` section ``d``."""
+    return train_loader(index, topo, batch_size=batch_size, seed=seed, block_size=d.block_size,
+                        shuffle_window=d.shuffle_window, prefetch=d.prefetch, drop_last=d.drop_last,
+                        augment=d.augment, augment_kind=d.augment_kind, augment_flip=d.augment_flip,
+                        reader=d.reader, hdf5_driver=d.hdf5_driver, verify=d.verify)
+
+
+def open_split_from_config(index: ShardIndex, split: str, topo, d) -> ShardSet:
+    """:func:`open_split` with the options of a ``[data]`` section ``d``."""
+    return open_split(index, split, topo, driver=d.hdf5_driver, verify=d.verify)

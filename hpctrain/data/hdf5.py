@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import h5py
 
+from hpctrain.errors import UserError
+
 DRIVERS = ("auto", "mpio", "serial")
 
 
-class DriverError(ValueError):
+class DriverError(UserError, ValueError):
     """The requested driver cannot be used here (message says why and what to install)."""
 
 

@@ -11,13 +11,15 @@ import io
 
 import numpy as np
 
+from hpctrain.errors import MissingPackageError
+
 
 def pil():
-    """Pillow's Image module, or an ImportError that says what to install."""
+    """Pillow's Image module, or an ImportError (a user error) that says what to install."""
     try:
         from PIL import Image
     except ImportError as exc:
-        raise ImportError("image datasets need Pillow: pip install Pillow") from exc
+        raise MissingPackageError("image datasets need Pillow: pip install Pillow") from exc
     return Image
 
 

@@ -31,11 +31,6 @@ from hpctrain.data.images import decode_batch
 from hpctrain.data.shards import ShardSet
 
 
-def normalizer(normalize: dict, n_channels: int) -> Callable[[np.ndarray], torch.Tensor]:
-    """Raw samples → float32 tensor, (x - mean) / std per channel (from the shard index)."""
-    return Normalize(normalize, n_channels)
-
-
 @dataclass
 class LoaderStats:
     """Seconds spent per stage since creation (or :meth:`reset`); the stages run in the thread."""
@@ -158,10 +153,23 @@ class ShardLoader:
         random subset of the window, so the only copy after the read is the batch gather.
         """
         rank = self.rank if rank is None else rank
-        rng = np.random.default_rng([self.seed, epoch, 1 + rank])  # per-rank offset: 1 + rank
         window, b = max(self.shuffle_window, self.batch_size), self.batch_size
         xw, yw = self._buffers(rank, 2 * window)
-        pos = emitted = 0
+        emitted = 0
+        for order in self._windows(epoch, rank, xw, yw, window):
+            for k in range(0, len(order) // b * b, b):
+                if emitted >= self.steps:
+                    return
+                if emitted >= skip:
+                    yield xw, yw, order[k:k + b]
+                emitted += 1
+
+    def _windows(self, epoch: int, rank: int, xw: np.ndarray, yw: np.ndarray, window: int):
+        """Fill the window buffers run by run; yield the shuffled order of each full window (and
+        of the last, partial one). When the caller asks for the next window, the samples left past
+        the last whole batch move to the front and the window fills up behind them."""
+        rng = np.random.default_rng([self.seed, epoch, 1 + rank])  # per-rank offset: 1 + rank
+        b, pos = self.batch_size, 0
         for a, stop in self.runs(epoch, rank):
             for s in range(a, stop, window):
                 e = min(stop, s + window)
@@ -171,25 +179,13 @@ class ShardLoader:
                 pos += e - s
                 if pos < window:
                     continue
-                perm = rng.permutation(pos) if self.shuffle_window else np.arange(pos)
-                n_full = pos // b * b
-                for k in range(0, n_full, b):
-                    if emitted >= self.steps:
-                        return
-                    if emitted >= skip:
-                        yield xw, yw, perm[k:k + b]
-                    emitted += 1
-                rest = perm[n_full:]
+                order = rng.permutation(pos) if self.shuffle_window else np.arange(pos)
+                yield order
+                rest = order[pos // b * b:]
                 xw[:len(rest)], yw[:len(rest)] = xw[rest], yw[rest]
                 pos = len(rest)
-        if pos and emitted < self.steps:
-            perm = rng.permutation(pos) if self.shuffle_window else np.arange(pos)
-            for k in range(0, pos // b * b, b):
-                if emitted >= self.steps:
-                    return
-                if emitted >= skip:
-                    yield xw, yw, perm[k:k + b]
-                emitted += 1
+        if pos:
+            yield rng.permutation(pos) if self.shuffle_window else np.arange(pos)
 
     def raw_batches(self, epoch: int, skip: int = 0, rank: int | None = None):
         """``rank``'s batches as read from the shards (encoded for JPEG), window-shuffled."""

@@ -1,4 +1,4 @@
-"""The HDF5 shard format (version 2; version 1 is read too): writing, the index, validation, reads.
+"""The HDF5 shard format (version 2; version 1 is read too): the index, validation, reads.
 
 A dataset is a directory::
 
@@ -59,6 +59,7 @@ import numpy as np
 from hpctrain.data.direct import DirectExtent
 from hpctrain.data.hdf5 import choose_driver, open_read
 from hpctrain.errors import LocalUserError
+from hpctrain.fileio import atomic_write_text
 
 FORMAT = "hpctrain-shards"
 VERSION = 2
@@ -82,22 +83,9 @@ def shard_name(split: str, i: int, n: int) -> str:
     return f"{split}-{i:05d}-of-{n:05d}.h5"
 
 
-def file_sha256(path: str, chunk_bytes: int = 8 << 20) -> str:
-    h = hashlib.sha256()
+def file_sha256(path: str) -> str:
     with open(path, "rb") as fh:
-        while block := fh.read(chunk_bytes):
-            h.update(block)
-    return h.hexdigest()
-
-
-def atomic_write_text(path: str, text: str) -> None:
-    """Write to a temporary name, fsync, rename: readers see the old file or the new one."""
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def write_index(directory: str, meta: dict) -> None:

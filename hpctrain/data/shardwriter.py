@@ -1,4 +1,5 @@
-"""Writing shard files: in chunks to a temporary name, renamed into place when complete."""
+"""Writing shard files: in chunks to a temporary name, renamed into place when complete
+(:mod:`hpctrain.fileio`)."""
 from __future__ import annotations
 
 import os
@@ -7,6 +8,7 @@ import h5py
 import numpy as np
 
 from hpctrain.data.shards import FORMAT, VERSION, ShardError, file_sha256, shard_name
+from hpctrain.fileio import commit, discard, temp_path
 
 
 class ShardWriter:
@@ -14,14 +16,14 @@ class ShardWriter:
 
     ``x`` chunks are (n, ...) arrays for ``raw``, sequences of 1-D uint8 arrays (encoded images)
     for ``jpeg``. Datasets use the contiguous layout (no chunking): a range read is one extent.
-    A writer that is not finished (an error, a kill) leaves only its ``.tmp`` file behind.
+    A writer that is not finished (an error, a kill) leaves only its hidden ``.tmp-PID`` file behind.
     """
 
     def __init__(self, directory: str, split: str, i: int, n: int, num_samples: int,
                  sample_shape: tuple, dtype, encoding: str = "raw"):
         self.name = shard_name(split, i, n)
         self.path = os.path.join(directory, self.name)
-        self.tmp = f"{self.path}.tmp.{os.getpid()}"
+        self.tmp = temp_path(self.path)
         self.num_samples, self.encoding, self.pos = int(num_samples), encoding, 0
         self.fh = h5py.File(self.tmp, "w")
         if encoding == "jpeg":
@@ -47,13 +49,12 @@ class ShardWriter:
             self.abort()
             raise ShardError(f"{self.path}: wrote {self.pos} samples, expected {self.num_samples}")
         self.fh.close()
-        os.replace(self.tmp, self.path)
+        commit(self.tmp, self.path)
         return {"file": self.name, "num_samples": self.num_samples, "sha256": file_sha256(self.path)}
 
     def abort(self) -> None:
         self.fh.close()
-        if os.path.exists(self.tmp):
-            os.remove(self.tmp)
+        discard(self.tmp)
 
 
 def write_shard(directory: str, split: str, i: int, n: int, x, y: np.ndarray, encoding: str = "raw") -> dict:

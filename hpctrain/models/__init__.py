@@ -17,6 +17,8 @@ import sys
 
 from torch import nn
 
+from hpctrain.errors import UserError
+
 BUILTIN = {
     "digits_cnn": "hpctrain.models.small:SmallCNN",
     "resnet18": "hpctrain.models.resnet:resnet18",
@@ -25,7 +27,7 @@ BUILTIN = {
 }
 
 
-class ModelError(ValueError):
+class ModelError(UserError, ValueError):
     """The model name or factory is unusable (one line naming it)."""
 
 

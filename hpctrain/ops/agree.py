@@ -19,32 +19,33 @@ from mpi4py import MPI
 from hpctrain.errors import UserError
 
 
-class ConsistencyError(ValueError):
+class ConsistencyError(UserError, ValueError):
     """Ranks disagree on model, config or software (same message on every rank; ``agree`` reports it)."""
 
 
-class AgreedError(ValueError):
+class AgreedError(UserError, ValueError):
     """An error every rank already knows about (the exchange happened): :func:`agree` re-raises it
     as a :class:`UserError` without communicating again."""
 
 
-def agree(comm: MPI.Comm, error: BaseException | None) -> None:
-    """Collective: if any rank has an error, raise a :class:`UserError` on every rank.
+def agree(comm: MPI.Comm, error: BaseException | str | None, error_type: type[UserError] = UserError) -> None:
+    """Collective: if any rank has an error (an exception or its message), raise ``error_type``
+    (a :class:`UserError`) on every rank.
 
     The message is the failing rank's own line; when ranks fail differently, the first one is
     named (``rank R: …``). Only ``str`` entries count as errors: :func:`check_consistency` sends
     tuples through the same allgather, so a rank that failed early still meets the others.
     """
     if isinstance(error, AgreedError):
-        raise UserError(str(error))
+        raise error_type(str(error))
     msgs = comm.allgather(None if error is None else str(error))
     bad = [(r, m) for r, m in enumerate(msgs) if isinstance(m, str)]
     if not bad:
         return
     if len({m for _, m in bad}) == 1 and len(bad) == len(msgs):
-        raise UserError(bad[0][1])
+        raise error_type(bad[0][1])
     r, m = bad[0]
-    raise UserError(f"rank {r}: {m}")
+    raise error_type(f"rank {r}: {m}")
 
 
 # --- start-up consistency -----------------------------------------------------------------------

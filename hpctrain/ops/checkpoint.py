@@ -8,9 +8,9 @@ rank's RNG state (torch, NumPy, Python; gathered to rank 0), the config and the 
 signature. ``torch.save`` rather than HDF5 because optimiser state is a nested dict of tensors
 and numbers; rank 0 alone writes, since parameters are identical on every rank after a step.
 
-Atomicity (the POSIX rename idiom): write ``.ckpt-….pt.tmp-PID``, fsync, rename over the final
-name, fsync the directory — a job killed mid-write leaves only a stray temporary file; the
-previous checkpoints are untouched and still verify. The newest ``keep`` are kept.
+Atomicity (the POSIX rename idiom, :mod:`hpctrain.fileio`): write ``.ckpt-….pt.tmp-PID``, fsync,
+rename over the final name, fsync the directory — a job killed mid-write leaves only a stray
+temporary file; the previous checkpoints are untouched and still verify. The newest ``keep`` are kept.
 ``resume="auto"`` takes the newest checkpoint whose checksum verifies, falling back past a
 corrupt one with a warning. Rank 0 reads and verifies; the bytes are broadcast, so thousands of
 ranks do not all open the file.
@@ -31,6 +31,7 @@ import torch
 from mpi4py import MPI
 
 from hpctrain.errors import UserError
+from hpctrain.fileio import atomic_open
 from hpctrain.ops.agree import first_difference, model_signature
 from hpctrain.ops.inject import maybe_kill
 from hpctrain.ops.metrics import NULL_TIMER, StepTimer
@@ -62,37 +63,17 @@ def decode(payload: bytes) -> dict:
     return torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_file(path: str, payload: bytes, meta: dict) -> dict:
     """Write ``payload`` atomically to ``path`` with a header; returns the header."""
     header = {"format": FORMAT_VERSION, "sha256": hashlib.sha256(payload).hexdigest(),
               "n_bytes": len(payload), **meta}
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")
     half = len(payload) // 2
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(MAGIC + json.dumps(header).encode() + b"\n")
-            fh.write(payload[:half])
-            fh.flush()
-            maybe_kill("checkpoint")               # test hook: die half-way through the write
-            fh.write(payload[half:])
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(directory)
+    with atomic_open(path, "wb") as fh:
+        fh.write(MAGIC + json.dumps(header).encode() + b"\n")
+        fh.write(payload[:half])
+        fh.flush()
+        maybe_kill("checkpoint")                   # test hook: die half-way through the write
+        fh.write(payload[half:])
     return header
 
 

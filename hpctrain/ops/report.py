@@ -14,10 +14,12 @@ import os
 import sys
 from dataclasses import dataclass, field
 
+from hpctrain.errors import UserError
+
 PHASE_ORDER = ["data", "forward", "backward", "allreduce", "optimizer", "checkpoint", "polish"]
 
 
-class ReportError(Exception):
+class ReportError(UserError):
     """The run directory cannot be read (one line)."""
 
 

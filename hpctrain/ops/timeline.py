@@ -15,11 +15,12 @@ to rank 0 once, at the end.
 from __future__ import annotations
 
 import json
-import os
 import time
 from array import array
 
 from mpi4py import MPI
+
+from hpctrain.fileio import atomic_open
 
 DEFAULT_MAX_EVENTS = 200_000
 
@@ -77,11 +78,9 @@ def chrome_events(packed: tuple) -> list[dict]:
 
 
 def write_trace(path: str, per_rank: list[tuple], other: dict | None = None) -> int:
-    """Write the merged trace atomically (temporary name, then rename); returns the event count."""
-    tmp = f"{path}.tmp-{os.getpid()}"
+    """Write the merged trace atomically (:mod:`hpctrain.fileio`); returns the event count."""
     n = 0
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(tmp, "w") as fh:
+    with atomic_open(path) as fh:
         fh.write('{"displayTimeUnit": "ms", "otherData": ' + json.dumps(other or {}) + ', "traceEvents": [\n')
         first = True
         for packed in sorted(per_rank, key=lambda p: p[0]):
@@ -90,7 +89,6 @@ def write_trace(path: str, per_rank: list[tuple], other: dict | None = None) -> 
                 first = False
                 n += 1
         fh.write("\n]}\n")
-    os.replace(tmp, path)
     return n
 
 

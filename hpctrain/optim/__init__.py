@@ -15,6 +15,8 @@ from typing import Iterable
 
 import torch
 
+from hpctrain.errors import config_errors
+
 from .lars import LARS, resolve_norms_fn, trust_ratio
 from .loss_scale import LossScaler, grads_have_inf, next_scale, unscale_and_check_
 from .schedules import (ScheduleSpec, linear_scaled_lr, lr_at, mlperf_lars_base_lr,
@@ -23,7 +25,8 @@ from .schedules import (ScheduleSpec, linear_scaled_lr, lr_at, mlperf_lars_base_
 __all__ = ["LARS", "trust_ratio", "resolve_norms_fn", "LossScaler", "next_scale",
            "grads_have_inf", "unscale_and_check_", "ScheduleSpec", "lr_at",
            "linear_scaled_lr", "mlperf_lars_base_lr", "mlperf_lars_warmup_epochs",
-           "spec_from_config", "make_optimizer", "make_criterion", "set_lr", "split_1d"]
+           "spec_from_config", "make_optimizer", "make_criterion", "set_lr", "split_1d",
+           "optimizer_from_config", "schedule_from_config"]
 
 
 def _params(params_or_model) -> list[torch.nn.Parameter]:
@@ -62,6 +65,26 @@ def make_optimizer(params_or_model, name: str, lr: float, momentum: float = 0.9,
         return LARS(params, lr=lr, momentum=momentum, weight_decay=weight_decay,
                     nesterov=nesterov, eta=eta, eps=eps, clip=clip, exclude_1d=exclude_1d)
     raise ValueError(f"optimizer {name!r} not in ('sgd', 'lars')")
+
+
+def optimizer_from_config(params_or_model, o) -> torch.optim.Optimizer:
+    """:func:`make_optimizer` from an ``[optim]`` section; a value it refuses is a ConfigError."""
+    with config_errors():
+        return make_optimizer(params_or_model, o.name, lr=o.lr, momentum=o.momentum,
+                              weight_decay=o.weight_decay, nesterov=o.nesterov, eta=o.lars_eta,
+                              eps=o.lars_eps, exclude_1d=o.lars_exclude_1d, clip=o.lars_clip)
+
+
+def schedule_from_config(o, *, global_batch: int, steps_per_epoch: int, epochs: int) -> ScheduleSpec:
+    """:func:`spec_from_config` from an ``[optim]`` section and the run's shape (global batch,
+    steps per epoch, epochs); a value it refuses (warm-up longer than the run) is a ConfigError."""
+    with config_errors():
+        return spec_from_config(lr=o.lr, global_batch=global_batch, steps_per_epoch=steps_per_epoch,
+                                epochs=epochs, warmup_epochs=o.warmup_epochs, kind=o.schedule,
+                                warmup=o.warmup, optimizer=o.name, base_batch=o.base_batch,
+                                scale_lr=o.scale_lr, poly_power=o.poly_power, end_lr=o.end_lr,
+                                step_epochs=o.step_epochs, step_gamma=o.step_gamma,
+                                hold_epochs=None if o.hybrid_hold_epochs < 0 else o.hybrid_hold_epochs)
 
 
 def make_criterion(label_smoothing: float = 0.0) -> torch.nn.CrossEntropyLoss:

@@ -43,7 +43,7 @@ def test_failed_conversion_leaves_no_index_and_resume_skips_finished(tmp_path):
         convert(src, out, 5)
     assert not os.path.exists(os.path.join(out, "index.json"))
     assert sorted(f for f in os.listdir(out) if f.endswith(".h5")) == [f"train-0000{i}-of-00005.h5" for i in range(4)]
-    assert not [f for f in os.listdir(out) if ".tmp." in f]     # the failed shard left no partial file
+    assert not [f for f in os.listdir(out) if ".tmp" in f]     # the failed shard left no partial file
 
     src, counter = source_with(x, y)
     meta = convert(src, out, 5)
