@@ -208,6 +208,7 @@ class GradSync:
         self._setup()
         self._bucket_of = {id(p): b.index for b in self.buckets for p in b.params}
         self._pending: dict[int, Pending] = {}
+        self.on_start = []      # callbacks f(bucket_index) when a bucket starts (emulated link delay)
         self._seen = set()                       # ids of params whose grad is ready this round
         self._n_ready = [0] * len(self.buckets)
         self._index_in_bucket = {id(p): i for b in self.buckets for i, p in enumerate(b.params)}
@@ -267,6 +268,8 @@ class GradSync:
         return sorted(self._pending)
 
     def _start(self, bucket: Bucket) -> None:
+        for callback in self.on_start:
+            callback(bucket.index)
         bucket.next_round()
         bucket.gather_grads(self.gather_scale)
         self._pending[bucket.index] = Pending(self.reduce_bucket(bucket))
@@ -296,6 +299,11 @@ class GradSync:
     def poll(self) -> bool:
         """Progress every bucket in flight without blocking; True when none is still running."""
         return all([pending.poll() for pending in self._pending.values()])
+
+    def poll_reduction(self) -> bool:
+        """:meth:`poll` of the reduction itself (a wrapper that adds latency overrides ``poll``
+        only), for a caller that waits politely and sleeps any emulated remainder later."""
+        return GradSync.poll(self)
 
     def begin(self) -> None:
         """Start every bucket not started yet (non-blocking)."""

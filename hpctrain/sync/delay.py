@@ -9,8 +9,8 @@ allreduce would not show. The remaining time is slept (no CPU burnt: on an overs
 the other ranks keep computing).
 
 :class:`DelayedSync` composes a gradient sync (``hpctrain.comm.GradSync``) with explicit methods,
-no attribute proxy. Start times are taken by wrapping the strategy's ``reduce_bucket`` (the one
-method a strategy provides), so buckets started by backward hooks are timed too.
+no attribute proxy. Start times come from ``GradSync.on_start``, a callback list the sync calls
+whenever a bucket starts (by ``begin`` or by a backward hook), so overlapped buckets are timed too.
 """
 from __future__ import annotations
 
@@ -18,15 +18,8 @@ import time
 
 
 def poll_grad_sync(sync) -> bool:
-    """Progress every reduction in flight without blocking; True when none is left running.
-
-    Uses ``sync.poll()`` where the sync has one; otherwise polls its pending buckets (the
-    ``GradSync`` of this version keeps them in ``_pending``; its hooks poll the same way).
-    """
-    poll = getattr(sync, "poll", None)
-    if poll is not None:
-        return bool(poll())
-    return all([pending.poll() for pending in sync._pending.values()])
+    """Progress every reduction in flight without blocking; True when none is left running."""
+    return bool(sync.poll())
 
 
 class DelayedSync:
@@ -38,13 +31,10 @@ class DelayedSync:
         self.inner, self.delay_s = inner, delay_ms / 1e3
         self._clock, self._sleep = clock, sleep
         self._started_s: dict[int, float] = {}      # bucket index -> start time, this round
-        reduce = inner.reduce_bucket
+        inner.on_start.append(self._started)        # GradSync calls it when a bucket starts
 
-        def timed_reduce(bucket):
-            self._started_s[bucket.index] = self._clock()    # runs when the bucket starts
-            return (yield from reduce(bucket))
-
-        inner.reduce_bucket = timed_reduce
+    def _started(self, index: int) -> None:
+        self._started_s[index] = self._clock()
 
     # --- what the update algorithms use (the GradSync interface) --------------------------------
     @property
@@ -72,8 +62,12 @@ class DelayedSync:
     def begin(self) -> None:
         self.inner.begin()
 
+    def poll_reduction(self) -> bool:
+        """The real reduction only (the delay's remainder is slept in ``finish``, not spun)."""
+        return self.inner.poll_reduction()
+
     def poll(self) -> bool:
-        done = poll_grad_sync(self.inner)
+        done = self.inner.poll()
         deadline = self.deadline_s()
         return done and (deadline is None or self._clock() >= deadline)
 
@@ -113,9 +107,8 @@ class DelayedSync:
 
 
 def poll_reduction(sync) -> bool:
-    """Like :func:`poll_grad_sync`, but ignores an emulated delay (its remainder is slept in
-    ``finish``, not spun away)."""
-    return poll_grad_sync(sync.inner if isinstance(sync, DelayedSync) else sync)
+    """Progress of the reduction itself, ignoring an emulated delay (``sync.poll_reduction``)."""
+    return bool(sync.poll_reduction())
 
 
 def with_comm_delay(sync, delay_ms: float):

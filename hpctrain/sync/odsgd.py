@@ -61,9 +61,7 @@ from typing import Callable
 import torch
 
 from hpctrain.ops.metrics import NULL_TIMER, StepTimer
-from hpctrain.optim.lars import LARS
 from hpctrain.optim.loss_scale import all_finite
-from hpctrain.sync.delay import poll_grad_sync, poll_reduction
 from hpctrain.sync.ssgd import SSGD, StepResult, agreed_overflow, unscale_grads_
 
 
@@ -96,6 +94,13 @@ def dc_compensate_(grads, local_w, global_w, lam: float) -> None:
         g.add_(g * g * (w_glob - w_loc), alpha=lam)
 
 
+def scales_lr_per_layer(optimizer: torch.optim.Optimizer) -> bool:
+    """Does the optimiser scale its lr per layer by a trust ratio (LARS, LAMB-like)? Read from
+    its hyperparameters (a trust coefficient ``eta`` in a group), so the update algorithm needs
+    no import of any optimiser class."""
+    return any("eta" in g for g in optimizer.param_groups)
+
+
 def swap_data_(params, store: list[torch.Tensor]) -> None:
     """Exchange each parameter's storage with ``store[i]`` (pointers only, nothing copied)."""
     for i, p in enumerate(params):
@@ -117,7 +122,7 @@ class ODSGD:
         for ok, key, msg in checks:
             if not ok:
                 raise ValueError(f"sync.{key}: {msg}")
-        if isinstance(optimizer, LARS) and local_lr == 0:
+        if local_lr == 0 and scales_lr_per_layer(optimizer):
             raise ValueError("sync.odsgd_local_lr: set it explicitly with LARS (its lr is scaled per layer "
                              "by trust ratios, so the raw global lr would make the local step far too large)")
         self.model, self.optimizer, self.sync = model, optimizer, grad_sync
@@ -138,7 +143,7 @@ class ODSGD:
     # --- progress ---------------------------------------------------------------------------------
     def _poll_hook(self, *_):
         if self._round is not None:
-            poll_grad_sync(self.sync)
+            self.sync.poll()
 
     @property
     def in_flight(self) -> bool:
@@ -195,7 +200,7 @@ class ODSGD:
         After: parameters hold W, ``_store`` holds ŵ, ``p.grad`` unchanged.
         """
         with self.timer.span("allreduce"):
-            while not poll_reduction(self.sync):   # a polite wait: on a shared core the ranks
+            while not self.sync.poll_reduction():   # a polite wait: on a shared core the ranks
                 os.sched_yield()                   # the ring waits for get to run (MPI would spin)
             found_inf = self.sync.finish(scatter=False)
             local_grads = [p.grad for p in self.params]
