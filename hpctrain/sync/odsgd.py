@@ -60,6 +60,7 @@ from typing import Callable
 
 import torch
 
+from hpctrain.errors import ConfigError
 from hpctrain.ops.metrics import NULL_TIMER, StepTimer
 from hpctrain.optim.loss_scale import all_finite
 from hpctrain.sync.ssgd import SSGD, StepResult, agreed_overflow, unscale_grads_
@@ -121,9 +122,9 @@ class ODSGD:
                   (dc_lambda >= 0, "odsgd_dc_lambda", "must be >= 0")]
         for ok, key, msg in checks:
             if not ok:
-                raise ValueError(f"sync.{key}: {msg}")
+                raise ConfigError(f"sync.{key}: {msg}")
         if local_lr == 0 and scales_lr_per_layer(optimizer):
-            raise ValueError("sync.odsgd_local_lr: set it explicitly with LARS (its lr is scaled per layer "
+            raise ConfigError("sync.odsgd_local_lr: set it explicitly with LARS (its lr is scaled per layer "
                              "by trust ratios, so the raw global lr would make the local step far too large)")
         self.model, self.optimizer, self.sync = model, optimizer, grad_sync
         self.scaler, self.timer = scaler, timer

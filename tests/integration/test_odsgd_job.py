@@ -28,6 +28,14 @@ def test_option_errors_are_one_line(tmp_path):
     assert "sync.odsgd_local_momentum: must be in [0, 1)" in r.stderr
 
 
+def test_lars_without_a_local_lr_is_one_line(tmp_path):
+    r, _ = mpirun(2, ["-m", "hpctrain", "--run-dir", str(tmp_path), "--no-progress", "--optimizer", "lars",
+                      "--set", "sync.algorithm=odsgd"], timeout=120)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+    assert "hpctrain: error: sync.odsgd_local_lr: set it explicitly with LARS" in r.stderr
+
+
 @pytest.mark.slow
 def test_bench_sync_prints_both_algorithms(tmp_path):
     out = tmp_path / "rows.json"
