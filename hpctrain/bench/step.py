@@ -196,13 +196,14 @@ def measure(args, comm) -> list[dict]:
 
 
 def format_table(rows) -> str:
-    """One line per (model, config): ms/step, x DDP, and what the configuration chose."""
+    """One line per (model, config): ms/step, x DDP, and what ``default`` chose (the whole
+    ``describe()`` line of every contender is in the JSON rows)."""
     head = f"{'model':<11} {'params':>7} {'config':<22} {'ms/step':>8} {'x DDP':>6}  chosen"
     lines = [head, "-" * len(head)]
     for r in rows:
         ratio = f"{r['x_ddp']:6.2f}" if r["x_ddp"] is not None else f"{'-':>6}"
         lines.append(f"{r['model']:<11} {r['n_params'] / 1e6:6.2f}M {r['config']:<22} {r['step_ms']:8.1f} "
-                     f"{ratio}  {r['describe'] if r['describe'] != r['config'] else ''}")
+                     f"{ratio}  {r['describe'].split(',')[0] if r['config'] == 'default' else ''}")
     return "\n".join(lines)
 
 

@@ -26,10 +26,10 @@ def test_paired_ratios_are_medians_of_per_round_ratios():
 
 def test_table_and_arguments():
     rows = [{"model": "mlp", "n_params": 12.7e6, "config": c, "describe": d, "step_ms": ms, "x_ddp": x}
-            for c, d, ms, x in (("ddp", "ddp", 100.0, 1.0), ("default", "auto: flat", 50.0, 2.0))]
+            for c, d, ms, x in (("ddp", "ddp", 100.0, 1.0), ("default", "flat (auto: one rank per node), x", 50.0, 2.0))]
     lines = bench.format_table(rows).splitlines()
     assert len(lines) == 4 and lines[3].split()[2:5] == ["default", "50.0", "2.00"]
-    assert lines[3].endswith("auto: flat")
+    assert lines[3].endswith("flat (auto: one rank per node)")
     with pytest.raises(SystemExit):
         bench.parse_args(["--models", "vgg"])
     with pytest.raises(SystemExit):
