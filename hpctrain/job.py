@@ -21,7 +21,7 @@ from hpctrain.data import (ShardLoader, ShardSet, eval_batches, open_split_from_
                            train_loader_from_config)
 from hpctrain.data.builtin import resolve_dataset
 from hpctrain.errors import ConfigError, UserError
-from hpctrain.models import BUILTIN, ModelError, build_model
+from hpctrain.models import BUILTIN, ModelError, build_model, shape_hint
 from hpctrain.ops.agree import agree, check_consistency, software_versions
 from hpctrain.ops.checkpoint import Checkpointer
 from hpctrain.ops.inject import maybe_inject
@@ -30,6 +30,7 @@ from hpctrain.ops.signals import StopSignal, Stopped
 from hpctrain.ops.timeline import Timeline, merge_and_write
 from hpctrain.ops.watchdog import Watchdog
 from hpctrain.optim import optimizer_from_config, schedule_from_config
+from hpctrain.optim.schedules import describe_lr
 from hpctrain.polish import recompute_bn_stats
 from hpctrain.topology import Topology
 from hpctrain.trainer import DistributedTrainer
@@ -104,7 +105,8 @@ def check_model_output(model: torch.nn.Module, sample: torch.Tensor, num_classes
         try:
             out = model(sample)
         except Exception as exc:
-            raise ModelError(f"model {name!r} fails on input of shape {tuple(sample.shape)}: {exc}") from None
+            raise ModelError(f"model {name!r} fails on input of shape {tuple(sample.shape)}: {exc}"
+                             f"{shape_hint(sample.shape[1:], exc)}") from None
     model.train(was_training)
     if not isinstance(out, torch.Tensor) or out.shape != (len(sample), num_classes):
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
@@ -200,6 +202,12 @@ class Progress:
     breakdown: dict = field(default_factory=dict)
 
 
+def startup_line(job: Job) -> str:
+    """What this run chose and why, in one line: topology, gradient sync, effective lr."""
+    return (f"hpctrain: {job.topo.describe()} | sync {job.trainer.sync.describe()} | "
+            f"{describe_lr(job.cfg.optim, job.loader.global_batch)}")
+
+
 def run(cfg: Config, comm: MPI.Comm) -> dict:
     """Train and evaluate; returns the summary (identical on every rank).
 
@@ -214,6 +222,8 @@ def run(cfg: Config, comm: MPI.Comm) -> dict:
         resumed = ckpt.resume(job.trainer, cfg.ckpt.resume)      # None, or where to continue
         log = stack.enter_context(contextlib.closing(
             MetricsLog(cfg.run.run_dir, enabled=job.topo.rank == 0, append=resumed is not None)))
+        if job.topo.rank == 0:
+            print(startup_line(job), flush=True)
         log.log("config", config=cfg.to_dict(), world_size=job.topo.size, topology=job.topo.describe(),
                 data=job.loader.describe(), test_data=job.test_set.describe(), steps_per_epoch=job.loader.steps,
                 resumed_from=ckpt.last_path if resumed else None, start_step=job.trainer.step_count)

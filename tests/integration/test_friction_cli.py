@@ -38,3 +38,27 @@ def test_model_file_path_factory_trains_one_step(tmp_path):
     lines = [json.loads(x) for x in open(tmp_path / "run" / "metrics.jsonl")]
     assert lines[-1]["event"] == "summary" and lines[-1]["steps"] == 1, lines[-1]
     assert lines[0]["config"]["model"]["name"] == "models/conv.py:make"
+
+
+def test_startup_line_and_the_channel_axis_hint(tmp_path):
+    """(N, 40) arrays make samples of shape (40,): the model fails, and the one line says why;
+    a run states its effective lr and why at start-up."""
+    rng = np.random.default_rng(1)
+    np.savez(tmp_path / "flat.npz", x=rng.normal(size=(80, 40)).astype(np.float32), y=rng.integers(0, 2, 80))
+    (tmp_path / "conv.py").write_text(MODEL)
+    env = {**os.environ, **ENV, "PYTHONPATH": ROOT}
+    r = subprocess.run([sys.executable, "-m", "data_tools", "convert", "--from", "npz", "flat.npz", "--out", "flat",
+                        "--no-progress"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    args = [sys.executable, "-m", "hpctrain", "--data", "flat", "--run-dir", "run", "--no-progress",
+            "--max-steps", "1", "--batch-size", "16"]
+    r = subprocess.run(args + ["--model", "conv.py:make"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=180)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "hint: each sample has shape (40,)" in r.stderr and "(N, 1, 40)" in r.stderr, r.stderr
+    (tmp_path / "lin.py").write_text("import torch\ndef make(num_classes):\n"
+                                     "    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(num_classes))\n")
+    r = subprocess.run(args + ["--model", "lin.py:make", "--lr", "0.2"], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "lr 0.0125 = 0.2 x 16/256 (optim.scale_lr; set optim.scale_lr=false to use 0.2 as given)" in r.stdout
