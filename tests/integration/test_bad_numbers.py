@@ -18,7 +18,7 @@ from tests.unit.test_config import run_cli
 @pytest.mark.parametrize("case,line", [
     ("latin1_toml", r"config file .*bad\.toml: not UTF-8 text \(byte 0xe9 at offset \d+\)"),
     ("inf_toml", r"config optim\.lr: expected a finite float, got inf"),
-    ("ring", r"config comm\.strategy: must be one of flat \| hierarchical, got 'ring'"),
+    ("ring", r"config comm\.strategy: must be one of flat \| hierarchical \| auto, got 'ring'"),
     ("run_dir_file", r"config run\.run_dir: .*afile exists and is not a directory"),
     ("init_scale", r"config precision\.init_scale: must be in \[1, 16777216\], got 1e\+30"),
 ])
