@@ -42,7 +42,7 @@ fi
 
 # 4. The project itself, editable, with its test tools.
 say "installing hpctrain"
-$pip --no-build-isolation -e '.[test]'
+$pip --no-build-isolation -e '.[test,docs]'
 rm -f "$VENV"/.setup-*
 touch "$stamp"
 say "done: $("$VENV/bin/python" -c 'import torch,mpi4py,h5py;print("torch",torch.__version__,"mpi4py",mpi4py.__version__,"h5py",h5py.__version__,"mpi" if h5py.get_config().mpi else "serial")')"
