@@ -14,7 +14,7 @@ SUBCOMMANDS = {
     "train": "hpctrain.cli:train_main",
     "bench": "hpctrain.bench:main",
     "simulate": "hpctrain.sim.cli:main",
-    "study": "hpctrain.study:main",
+    "study": "hpctrain.bench.study:main",
     "report": "hpctrain.ops.report:main",
     "cluster": "hpctrain.cluster:main",
 }

@@ -67,7 +67,7 @@ class DistributedTrainer:
         comm_lib.broadcast_module(model, topology.comm)
         self.sync = comm_lib.create(strategy, model.parameters(), topology, bucket_bytes=int(bucket_mb * 2**20),
                                     compression=compression, overlap=overlap)
-        self.sync = sync_lib.with_comm_delay(self.sync, comm_delay_ms)   # emulated slow link (0: none)
+        self.sync = comm_lib.with_comm_delay(self.sync, comm_delay_ms)   # emulated slow link (0: none)
         self.algo = sync_lib.create(algorithm, model, optimizer, self.sync, scaler=scaler, timer=timer,
                                     **(algorithm_options or {}))
         self.step_count = 0

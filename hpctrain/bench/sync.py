@@ -6,7 +6,7 @@
 
 Same model, ranks, network and synthetic data for both algorithms (OD-SGD without warm-up: the
 steady state is measured). For each injected link latency (``--comm-delay-ms``, see
-:mod:`hpctrain.sync.delay`) the two algorithms alternate ``--repeats`` times (so background
+:mod:`hpctrain.comm.delay`) the two algorithms alternate ``--repeats`` times (so background
 load hits both alike); each run times ``--steps`` steps after 3 untimed ones, ending with
 ``trainer.finish()``; a run's time is the slowest rank's, the table shows the median run.
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 from hpctrain.comm.base import Bucket, GradSync, make_buckets
 from hpctrain.comm.collectives import allreduce_sum, broadcast_module, broadcast_tensors, checksum
 from hpctrain.comm.compression import COMPRESSIONS
+from hpctrain.comm.delay import DelayedSync, with_comm_delay
 from hpctrain.comm.flat import FlatSync
 from hpctrain.comm.hierarchical import HierarchicalSync, nodes_share_memory
 
@@ -91,4 +92,4 @@ def create(name: str, params, topology, **kwargs) -> GradSync:
 
 __all__ = ["Bucket", "GradSync", "make_buckets", "STRATEGIES", "COMPRESSIONS", "register", "create",
            "FlatSync", "HierarchicalSync", "auto", "concrete",
-           "allreduce_sum", "broadcast_module", "broadcast_tensors", "checksum"]
+           "allreduce_sum", "broadcast_module", "broadcast_tensors", "checksum", "DelayedSync", "with_comm_delay"]

@@ -360,8 +360,3 @@ class GradSync:
 
     def __exit__(self, *exc):
         self.close()
-
-
-def as_numpy(t: torch.Tensor) -> np.ndarray:
-    """A zero-copy NumPy view of a contiguous CPU tensor (what MPI sends)."""
-    return t.detach().numpy()

@@ -8,16 +8,12 @@ odsgd     one-step delay SGD (Xu et al., arXiv:2005.06728): the allreduce of ste
           network, many ranks); ``odsgd_warmup_steps`` plain SSGD steps first.
 ========  ===========================================================================
 
-``sync.comm_delay_ms`` wraps any gradient sync in :class:`~hpctrain.sync.delay.DelayedSync`,
-an emulated slow link for benchmarks and tests.
-
 Both algorithms stop on non-finite numbers the same way: :class:`NonFiniteError` (a
 ``UserError``: one line, status 2 from the CLI) on every rank at the same step, naming the step
 and the rank(s), unless a loss scaler skipped the step (:mod:`hpctrain.sync.ssgd`).
 """
 from __future__ import annotations
 
-from hpctrain.sync.delay import DelayedSync, with_comm_delay
 from hpctrain.sync.odsgd import ODSGD
 from hpctrain.sync.ssgd import SSGD, NonFiniteError, StepResult
 
@@ -41,5 +37,4 @@ def algorithm_options(sync_cfg) -> dict:
             "dc_lambda": sync_cfg.odsgd_dc_lambda}
 
 
-__all__ = ["ALGORITHMS", "SSGD", "ODSGD", "StepResult", "NonFiniteError", "DelayedSync", "create",
-           "algorithm_options", "with_comm_delay"]
+__all__ = ["ALGORITHMS", "SSGD", "ODSGD", "StepResult", "NonFiniteError", "create", "algorithm_options"]

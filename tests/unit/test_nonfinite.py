@@ -202,7 +202,7 @@ def test_guard_uses_the_syncs_communicator_through_wrappers():
     topo = Topology.create(MPI.COMM_SELF)
     model = torch.nn.Linear(2, 1)
     inner = comm_lib.create("flat", model.parameters(), topo)
-    from hpctrain.sync import with_comm_delay
+    from hpctrain.comm import with_comm_delay
     algo = SSGD(model, torch.optim.SGD(model.parameters(), lr=0.1), with_comm_delay(inner, 1.0))
     assert algo.guard.comm is inner.comm
     inner.close()

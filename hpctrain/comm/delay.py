@@ -1,4 +1,5 @@
-"""A slow link on one host: injected latency for gradient allreduces (``sync.comm_delay_ms``).
+"""A slow link on one host: injected latency for gradient allreduces (config ``sync.comm_delay_ms``;
+it wraps any gradient sync, so it lives with them).
 
 Model: a bucket's mean is available no earlier than ``delay`` after the bucket was started —
 completion = max(real completion, start + delay). The real reduction runs underneath as usual;

@@ -6,7 +6,7 @@ import torch
 from mpi4py import MPI
 
 from hpctrain import comm as comm_lib
-from hpctrain.sync.delay import DelayedSync, with_comm_delay
+from hpctrain.comm.delay import DelayedSync, with_comm_delay
 from hpctrain.topology import Topology
 
 
@@ -88,7 +88,7 @@ def test_zero_delay_is_no_wrapper_and_negative_is_refused():
 
 
 def test_poll_reduction_ignores_the_emulated_delay(setup):
-    from hpctrain.sync.delay import poll_reduction
+    from hpctrain.comm.delay import poll_reduction
     model, sync, clock = setup
     backward(model)
     assert poll_reduction(sync) is True and sync.poll() is False    # reduced; the link holds it back
