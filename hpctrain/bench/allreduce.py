@@ -19,7 +19,6 @@ there), where bytes is the fp32 payload, also for fp16 (its effective bandwidth)
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import time
@@ -29,6 +28,7 @@ import torch
 from mpi4py import MPI
 
 from hpctrain import comm as comm_lib
+from hpctrain.bench.report import print_rows
 from hpctrain.comm.progress import run
 from hpctrain.topology import Topology
 
@@ -184,12 +184,7 @@ def main(argv) -> int:
     comm = MPI.COMM_WORLD
     torch.set_num_threads(1)
     rows = measure(args, comm)
-    if comm.Get_rank() == 0:
-        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-        print(f"allreduce: {comm.Get_size()} ranks, ranks_per_node={args.ranks_per_node or 'real'}, "
-              f"median of {args.iters} (after {args.warmup} warm-up), 1-min load {load:.2f}")
-        print(format_table(rows))
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(rows, f, indent=1)
+    print_rows(comm, f"allreduce: {comm.Get_size()} ranks, ranks_per_node={args.ranks_per_node or 'real'}, "
+                     f"median of {args.iters} (after {args.warmup} warm-up), 1-min load {{load}}",
+               format_table(rows) if comm.Get_rank() == 0 else "", rows, args.json)
     return 0

@@ -26,8 +26,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import json
-import os
 import statistics
 import time
 
@@ -36,6 +34,7 @@ from mpi4py import MPI
 from torch import nn
 
 from hpctrain.bench.allreduce import init_gloo
+from hpctrain.bench.report import print_rows
 from hpctrain.config import CommConfig
 from hpctrain.models import build_model
 from hpctrain.topology import Topology
@@ -97,27 +96,24 @@ def sgd(model: nn.Module) -> torch.optim.Optimizer:
     return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
 
+def plain_step(forward: nn.Module, opt, loss_fn):
+    """forward, backward, ``opt.step()``: the peers' whole step (their sync runs inside)."""
+    def step(x, y):
+        opt.zero_grad(set_to_none=False)
+        loss_fn(forward(x), y).backward()
+        opt.step()
+    return step
+
+
 def build(name: str, base: nn.Module, topo: Topology, dist) -> Contender | None:
     """The contender called ``name`` on a copy of ``base`` (None: not available here)."""
     model = copy.deepcopy(base)
     loss_fn = nn.CrossEntropyLoss()
     if name == "nocomm":
-        opt = sgd(model)
-
-        def step(x, y):
-            opt.zero_grad(set_to_none=False)
-            loss_fn(model(x), y).backward()
-            opt.step()
-        return Contender(name, model, step)
+        return Contender(name, model, plain_step(model, sgd(model), loss_fn))
     if name == "ddp":
         ddp = torch.nn.parallel.DistributedDataParallel(model)
-        opt = sgd(ddp)
-
-        def step(x, y):
-            opt.zero_grad(set_to_none=False)
-            loss_fn(ddp(x), y).backward()
-            opt.step()
-        return Contender(name, model, step)
+        return Contender(name, model, plain_step(ddp, sgd(ddp), loss_fn))
     if name == "horovod":
         if not horovod_available():
             return None
@@ -125,12 +121,7 @@ def build(name: str, base: nn.Module, topo: Topology, dist) -> Contender | None:
         hvd.init()
         opt = hvd.DistributedOptimizer(sgd(model), named_parameters=model.named_parameters())
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-
-        def step(x, y):
-            opt.zero_grad()
-            loss_fn(model(x), y).backward()
-            opt.step()
-        return Contender(name, model, step)
+        return Contender(name, model, plain_step(model, opt, loss_fn))
     options = parse_config(name)
     trainer = DistributedTrainer(model, sgd(model), topo, loss_fn=loss_fn, **options)
     describe = getattr(trainer.sync, "describe", lambda: "")()
@@ -239,13 +230,8 @@ def main(argv) -> int:
     comm = MPI.COMM_WORLD
     torch.set_num_threads(1)
     rows = measure(args, comm)
-    if comm.Get_rank() == 0:
-        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-        print(f"step: {comm.Get_size()} ranks, batch {args.batch}/rank, SGD momentum, synthetic data; "
-              f"median of {args.rounds} rounds of {args.steps} steps, contenders interleaved; "
-              f"x DDP = median of paired ratios; 1-min load {load:.2f}")
-        print(format_table(rows))
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(rows, f, indent=1)
+    print_rows(comm, f"step: {comm.Get_size()} ranks, batch {args.batch}/rank, SGD momentum, synthetic data; "
+                     f"median of {args.rounds} rounds of {args.steps} steps, contenders interleaved; "
+                     f"x DDP = median of paired ratios; 1-min load {{load}}",
+               format_table(rows) if comm.Get_rank() == 0 else "", rows, args.json)
     return 0

@@ -20,16 +20,15 @@ share of SSGD's communication time that OD-SGD does not wait for: 1 - comm(OD-SG
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import time
 
 import torch
 from mpi4py import MPI
 
-from hpctrain.ops.metrics import StepTimer
+from hpctrain.bench.report import print_rows
 from hpctrain.models import build_model
+from hpctrain.ops.metrics import StepTimer
 from hpctrain.topology import Topology
 from hpctrain.trainer import DistributedTrainer
 
@@ -150,14 +149,9 @@ def main(argv) -> int:
     torch.set_num_threads(1)
     rows = measure(args, comm)
     if comm.Get_rank() == 0:
-        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
         mb = rows[0]["n_params"] * 4 / 2**20
-        print(f"sync: {args.model} ({rows[0]['n_params'] / 1e6:.2f} M parameters, {mb:.1f} MiB of fp32 gradients), "
-              f"{comm.Get_size()} ranks, batch {args.batch}/rank at {args.image_size} px, {args.strategy}/"
-              f"{args.compression}, overlap={args.overlap}; median of {args.repeats} runs of {args.steps} steps, "
-              f"1-min load {load:.2f}")
-        print(format_table(rows))
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(rows, f, indent=1)
+        print_rows(comm, f"sync: {args.model} ({rows[0]['n_params'] / 1e6:.2f} M parameters, {mb:.1f} MiB of fp32 "
+                         f"gradients), {comm.Get_size()} ranks, batch {args.batch}/rank at {args.image_size} px, "
+                         f"{args.strategy}/{args.compression}, overlap={args.overlap}; median of {args.repeats} "
+                         f"runs of {args.steps} steps, 1-min load {{load}}", format_table(rows), rows, args.json)
     return 0
