@@ -4,29 +4,16 @@ Before the integrity check such a job trained to the end with status 0 (81.6 % i
 """
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
 from tests.integration.mpirun import mpirun
+from tests.shard_files import convert_digits, flip
 
 
 @pytest.fixture(scope="module")
 def digits(tmp_path_factory):
-    out = tmp_path_factory.mktemp("corrupt") / "digits"
-    r = subprocess.run([sys.executable, "-m", "data_tools", "convert", "--from", "digits", "--out", str(out),
-                        "--shards", "4", "--no-progress"], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    return str(out)
-
-
-def flip(path: str, pos: int) -> None:
-    with open(path, "r+b") as fh:
-        fh.seek(pos)
-        b = fh.read(1)[0]
-        fh.seek(pos)
-        fh.write(bytes([b ^ 0x01]))
+    return convert_digits(tmp_path_factory.mktemp("corrupt") / "digits")
 
 
 def train(data: str, run_dir, n: int = 2, extra=()):

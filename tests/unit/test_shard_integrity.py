@@ -15,17 +15,14 @@ import numpy as np
 import pytest
 
 from hpctrain.data import ShardError, ShardLoader, ShardSet, read_index
+from tests.shard_files import convert_digits, flip
 
 SHARD = "train-00002-of-00004.h5"
 
 
 @pytest.fixture(scope="module")
 def digits_src(tmp_path_factory):
-    out = tmp_path_factory.mktemp("integrity") / "digits"
-    r = subprocess.run([sys.executable, "-m", "data_tools", "convert", "--from", "digits", "--out", str(out),
-                        "--shards", "4", "--no-progress"], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    return out
+    return convert_digits(tmp_path_factory.mktemp("integrity") / "digits")
 
 
 @pytest.fixture
@@ -42,14 +39,6 @@ def positions(path: str) -> dict:
     return {"x sample": x_off + 64 * 7 + 30, "y label": y_off + 8 * 11, "superblock": 24,
             "object header": 800, "between headers and data": x_off - 16,
             "last byte": os.path.getsize(path) - 1}
-
-
-def flip(path: str, pos: int) -> None:
-    with open(path, "r+b") as fh:
-        fh.seek(pos)
-        b = fh.read(1)[0]
-        fh.seek(pos)
-        fh.write(bytes([b ^ 0x01]))
 
 
 WHERE = ["x sample", "y label", "superblock", "object header", "between headers and data", "last byte"]

@@ -1,0 +1,20 @@
+"""Shard directories for tests that damage them: the digits converted once, a byte flipped."""
+import subprocess
+import sys
+
+
+def convert_digits(out, shards: int = 4) -> str:
+    """``python -m data_tools convert --from digits`` into ``out`` (as a user runs it)."""
+    r = subprocess.run([sys.executable, "-m", "data_tools", "convert", "--from", "digits", "--out", str(out),
+                        "--shards", str(shards), "--no-progress"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return str(out)
+
+
+def flip(path: str, pos: int) -> None:
+    """Invert the lowest bit of the byte at ``pos``: the smallest change a disk or a copy makes."""
+    with open(path, "r+b") as fh:
+        fh.seek(pos)
+        b = fh.read(1)[0]
+        fh.seek(pos)
+        fh.write(bytes([b ^ 0x01]))
