@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 import kernels
-from hpctrain.comm.ring import SMALL_BYTES, nonfinite
+from hpctrain.comm.ring import SMALL_BYTES
 
 
 class NoCompression:
