@@ -1,28 +1,59 @@
 # The README's commands. `make demo`: install everything into .venv, run the default job on 2 ranks.
-# `make test`: install if needed, run serial tests, then the MPI tests at -n 2 and -n 4.
+# `make test`: install if needed, run serial tests, then the MPI tests at -n 2 and -n 4 (Open MPI),
+# the batch scripts under Slurm, then the MPI, fault and data tests and the default job under MPICH.
+# MPI=mpich (setup, demo, bench): the same against Debian's MPICH in .venv-mpich, launched by
+# mpiexec.mpich (Debian's plain `mpiexec` stays Open MPI's when both are installed).
+MPI      ?= openmpi
+ifeq ($(MPI),mpich)
+VENV     ?= .venv-mpich
+MPIEXEC  ?= mpiexec.mpich
+else
 VENV     ?= .venv
+MPIEXEC  ?= mpiexec
+endif
 PY       := $(VENV)/bin/python
 NP       ?= 2
-MPIEXEC  ?= mpiexec
-# Open MPI as root, oversubscribed on a 2-core machine; one compute thread per rank.
+# Open MPI as root, oversubscribed on a 2-core machine; one compute thread per rank. (MPICH's
+# Hydra ignores OMPI_*: it runs as root and oversubscribes without being asked.)
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export OMPI_MCA_rmaps_base_oversubscribe := 1
 export OMP_NUM_THREADS := 1
 PYTEST_MPI := -m pytest --only-mpi -q -p no:cacheprovider --color=no --timeout=300
+# The MPICH leg of `make test`: its own venv (mpi4py and h5py built on MPICH) and launcher.
+MPICH_VENV ?= .venv-mpich
+MPICH_PY   := $(MPICH_VENV)/bin/python
+MPICH_EXEC ?= mpiexec.mpich
+MPICH_MPI_TESTS := tests/mpi/test_collectives.py $(wildcard tests/mpi/test_comm_*.py) \
+	tests/mpi/test_equivalence.py tests/mpi/test_trainer_buffers.py tests/mpi/test_ops_faults.py \
+	$(wildcard tests/mpi/test_data_*.py)
+MPICH_MPI_TESTS_4 := tests/mpi/test_collectives.py tests/mpi/test_comm_strategies.py \
+	tests/mpi/test_ops_faults.py tests/mpi/test_data_integrity.py
+MPICH_JOB_TESTS := tests/integration/test_mpich.py tests/integration/test_failures.py \
+	tests/integration/test_default_job.py
+# kill -9: test_mpich.py has Hydra's version (ranks are grandchildren of mpiexec); the mid-run
+# fault's message check: see test_mpich.py test_exception_mid_run_ends_the_job_promptly.
+MPICH_JOB_SKIP := not test_kill_9_of_one_rank_fails_the_job_promptly and not test_training_fault_mid_run_names_rank \
+	and not test_default_job_reaches_target[1]
+LIBVERSION = -c 'from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0].strip())'
 
-.PHONY: setup demo test test-serial test-mpi test-slurm docs bench clean
+.PHONY: setup setup-mpich demo test test-serial test-mpi test-slurm test-mpich docs bench clean
 setup:
-	@bash scripts/setup.sh
+	@MPI=$(MPI) VENV=$(VENV) bash scripts/setup.sh
+
+setup-mpich:
+	@MPI=mpich VENV=$(MPICH_VENV) bash scripts/setup.sh
 
 demo: setup
 	$(MPIEXEC) -n $(NP) $(PY) -m hpctrain --run-dir runs/demo
 
 test: setup
+	@echo "== [test] serial tests, then the MPI tests under $$($(PY) $(LIBVERSION))"
 	$(MAKE) --no-print-directory test-serial
 	$(MAKE) --no-print-directory docs
 	$(MAKE) --no-print-directory test-mpi
 	$(MAKE) --no-print-directory test-slurm
+	$(MAKE) --no-print-directory test-mpich
 
 # The documentation site (mkdocs.yml, docs/, API pages from the docstrings by static analysis:
 # no MPI or torch import) into site/; --strict: a warning (broken link, bad docstring) fails.
@@ -39,6 +70,16 @@ test-mpi:
 test-slurm: setup
 	@bash scripts/slurm/start.sh || echo "[test-slurm] Slurm could not be started: its tests will be skipped"
 	HPCTRAIN_TEST_SLURM=1 $(PY) -m pytest -q -rs tests/integration/test_ops_slurm.py
+
+# MPICH (Hydra): MPI comm, trainer, fault and data tests at -n 2 (the -n 4 topologies of a subset),
+# then aborts, kill -9, stop signals through a batch script and the default job at 2 and 4 ranks
+# (tests/integration/mpirun.py launches with HPCTRAIN_MPIEXEC).
+test-mpich: setup-mpich
+	@echo "== [test-mpich] MPI tests under $$($(MPICH_PY) $(LIBVERSION)) ($(MPICH_EXEC))"
+	$(MPICH_EXEC) -n 2 $(MPICH_PY) $(PYTEST_MPI) $(MPICH_MPI_TESTS)
+	$(MPICH_EXEC) -n 4 $(MPICH_PY) $(PYTEST_MPI) $(MPICH_MPI_TESTS_4)
+	@echo "== [test-mpich] faults, stop signals and the default job under MPICH"
+	HPCTRAIN_MPIEXEC=$(MPICH_EXEC) $(MPICH_PY) -m pytest -q -rs $(MPICH_JOB_TESTS) -k "$(MPICH_JOB_SKIP)"
 
 bench: setup
 	$(MPIEXEC) -n 2 $(PY) -m hpctrain bench allreduce

@@ -1,21 +1,31 @@
 #!/usr/bin/env bash
-# Install everything hpctrain needs into .venv: Debian's Open MPI and parallel HDF5, the CPU torch
-# wheel, mpi4py, h5py built against that MPI (serial h5py as a loud fallback), and the project.
-# Idempotent: a stamp keyed on this script and setup.cfg makes a second run instant.
-# Facts behind each step: ../shared/DESIGN.md, "Environment facts".
+# Install everything hpctrain needs into a virtual environment bound to ONE MPI implementation:
+#   MPI=openmpi (default) -> .venv        Debian's Open MPI 4.1 + libhdf5-openmpi
+#   MPI=mpich             -> .venv-mpich  Debian's MPICH 4.0 (hydra mpiexec) + libhdf5-mpich
+# Each gets the CPU torch wheel, mpi4py, h5py built against that MPI's parallel HDF5 (serial h5py
+# as a loud fallback), and the project. VENV overrides the directory.
+# Idempotent: a stamp keyed on this script, setup.cfg, pyproject.toml and MPI makes a second run instant.
+# Facts behind each step: ../shared/DESIGN.md, "Environment facts"; README "MPI implementations".
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=${VENV:-.venv}
+MPI=${MPI:-openmpi}
+case "$MPI" in
+  openmpi) VENV=${VENV:-.venv};       debs="openmpi-bin libopenmpi-dev libhdf5-openmpi-dev" ;;
+  mpich)   VENV=${VENV:-.venv-mpich}; debs="mpich libmpich-dev libhdf5-mpich-dev" ;;
+  *) echo "[setup] MPI=$MPI: choose openmpi or mpich" >&2; exit 2 ;;
+esac
 PY=${PYTHON:-python3}
-key=$(cat scripts/setup.sh setup.cfg pyproject.toml | sha256sum | cut -c1-16)
+key=$( (cat scripts/setup.sh setup.cfg pyproject.toml; echo "$MPI") | sha256sum | cut -c1-16)
 stamp="$VENV/.setup-$key"
 [ -f "$stamp" ] && exit 0
 
-say() { printf '[setup] %s\n' "$*"; }
+say() { printf '[setup %s] %s\n' "$MPI" "$*"; }
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
-# 1. One MPI for everything (Debian's Open MPI), and the HDF5 built on it.
-debs="openmpi-bin libopenmpi-dev libhdf5-openmpi-dev pkg-config build-essential iproute2 procps"
+# 1. One MPI for everything in this venv (from Debian), and the HDF5 built on it. Debian's
+#    alternatives keep `mpiexec`/`mpicc` pointing at Open MPI when both are installed; MPICH is
+#    always called by its own names (mpiexec.mpich, mpicc.mpich).
+debs="$debs pkg-config build-essential iproute2 procps"
 if ! dpkg -s $debs >/dev/null 2>&1; then
   say "installing Debian packages: $debs"
   as_root apt-get update -qq
@@ -24,25 +34,56 @@ fi
 
 # 2. The virtual environment; torch pinned to the CPU wheel first so nothing pulls a CUDA build.
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-pip="$VENV/bin/python -m pip install -q"
+vpy="$VENV/bin/python"
+pip="$vpy -m pip install -q"
 [ -d /opt/wheels ] && pip="$pip --find-links /opt/wheels"
 say "installing torch==2.13.0 (CPU wheel)"
 $pip torch==2.13.0
-$pip 'Cython>=3,<4' pkgconfig 'setuptools>=77' wheel 'mpi4py>=4.1' 'numpy<3'
+$pip 'Cython>=3,<4' pkgconfig 'setuptools>=77' wheel 'numpy<3'
 
-# 3. h5py for parallel HDF5 (driver='mpio'); --no-build-isolation keeps the build on our mpi4py.
-if ! "$VENV/bin/python" -c 'import h5py,sys; sys.exit(not h5py.get_config().mpi)' 2>/dev/null; then
-  say "building h5py against Debian's parallel HDF5 (about 2 minutes, once)"
-  if ! HDF5_MPI=ON CC=mpicc HDF5_DIR=/usr/lib/x86_64-linux-gnu/hdf5/openmpi \
-       $pip --no-build-isolation --no-binary=h5py h5py; then
+# 3. mpi4py's binary wheel carries two extension modules, MPI.openmpi (NEEDED libmpi.so.40) and
+#    MPI.mpich (NEEDED libmpi.so.12), and picks one by the first libmpi it can dlopen: one already
+#    in the process, then MPI4PY_LIBMPI, then <venv>/lib/libmpi.so{,.12,.40}, then the system's
+#    libmpi.so (Debian's alternative: Open MPI). Debian's MPICH ships its library only as
+#    libmpich.so.12, so for MPICH the venv gets a 16-byte shim <venv>/lib/libmpi.so.12 (SONAME
+#    libmpi.so.12, NEEDED libmpich.so.12): mpi4py finds it first and MPI.mpich links against it.
+#    If that ever fails, mpi4py is compiled with mpicc.mpich instead (3+ CPU minutes).
+#    --no-cache-dir on source builds: pip's wheel cache would hand one MPI's build to the other venv.
+is_bound() { "$vpy" -c "import sys; from mpi4py import MPI; sys.exit('$1' not in MPI.Get_library_version())" 2>/dev/null; }
+$pip 'mpi4py>=4.1'
+if [ "$MPI" = mpich ]; then
+  if [ ! -e "$VENV/lib/libmpi.so.12" ]; then
+    shim=$(mktemp -d)
+    echo 'int hpctrain_libmpi_shim;' > "$shim/shim.c"
+    gcc -shared -fPIC -o "$VENV/lib/libmpi.so.12" -Wl,-soname,libmpi.so.12 -Wl,--no-as-needed \
+        "$shim/shim.c" -L/usr/lib/x86_64-linux-gnu -lmpich
+    rm -rf "$shim"
+  fi
+  if ! is_bound MPICH; then
+    say "mpi4py's wheel did not load MPICH: compiling mpi4py with mpicc.mpich (a few minutes, once)"
+    MPICC=mpicc.mpich $pip --no-cache-dir --no-build-isolation --no-binary=mpi4py --force-reinstall --no-deps 'mpi4py>=4.1'
+  fi
+fi
+is_bound "$([ "$MPI" = mpich ] && echo MPICH || echo 'Open MPI')" || { say "ERROR: mpi4py is not bound to $MPI"; exit 1; }
+
+# 4. h5py for parallel HDF5 (driver='mpio'); --no-build-isolation keeps the build on our mpi4py.
+if ! "$vpy" -c 'import h5py,sys; sys.exit(not h5py.get_config().mpi)' 2>/dev/null; then
+  say "building h5py against Debian's parallel HDF5 for $MPI (about 2 minutes, once)"
+  if ! HDF5_MPI=ON CC=mpicc.$MPI HDF5_DIR=/usr/lib/x86_64-linux-gnu/hdf5/$MPI \
+       $pip --no-cache-dir --no-build-isolation --no-binary=h5py h5py; then
     say "WARNING: parallel h5py did not build; falling back to serial h5py (per-shard reads, no mpio)"
     $pip h5py
   fi
 fi
 
-# 4. The project itself, editable, with its test tools.
+# 5. The project itself, editable, with its test tools (the MPICH venv skips the CUDA extras: it
+#    runs the MPI tests, not the kernel tests).
 say "installing hpctrain"
-$pip --no-build-isolation -e '.[test,docs]'
+if [ "$MPI" = openmpi ]; then
+  $pip --no-build-isolation -e '.[test,docs]'
+else
+  $pip --no-build-isolation -e '.[docs]' 'pytest>=8' 'pytest-mpi>=0.6' 'pytest-timeout>=2.3'
+fi
 rm -f "$VENV"/.setup-*
 touch "$stamp"
-say "done: $("$VENV/bin/python" -c 'import torch,mpi4py,h5py;print("torch",torch.__version__,"mpi4py",mpi4py.__version__,"h5py",h5py.__version__,"mpi" if h5py.get_config().mpi else "serial")')"
+say "done ($VENV): $("$vpy" -c 'import torch,mpi4py,h5py; from mpi4py import MPI; print("torch",torch.__version__,"mpi4py",mpi4py.__version__,"on"," ".join(MPI.Get_library_version().split()[:3]),"| h5py",h5py.__version__,"mpi" if h5py.get_config().mpi else "serial")')"

@@ -7,9 +7,12 @@
 #   --config FILE  --run-dir DIR  --resume auto|PATH|none  --dry-run  [--] [hpctrain options…]
 # (script options first: the first unknown argument, or --, starts hpctrain's own options).
 # HPCTRAIN_DRY_RUN=1 is the same as --dry-run.
-# Environment: HPCTRAIN_HOME (repository; default: the submit directory), HPCTRAIN_PYTHON
-# (default HPCTRAIN_HOME/.venv/bin/python), HPCTRAIN_STAGE=1 (copy the Python environment to
-# node-local storage first, see stage.sh), HPCTRAIN_SITE (a file of site settings to source).
+# Environment: HPCTRAIN_HOME (repository; default: the submit directory), HPCTRAIN_MPI
+# (openmpi, the default, or mpich: which MPI the mpirun/mpiexec scripts launch with, see
+# hpctrain_launcher; MPICH-derived MPIs such as Intel MPI and MVAPICH2 use Hydra's flags too),
+# HPCTRAIN_PYTHON (default HPCTRAIN_HOME/.venv/bin/python, .venv-mpich for HPCTRAIN_MPI=mpich),
+# HPCTRAIN_STAGE=1 (copy the Python environment to node-local storage first, see stage.sh),
+# HPCTRAIN_SITE (a file of site settings to source).
 
 hpctrain_home() {
   # Batch systems run a spooled copy of the script, so its own path is useless: use the directory
@@ -69,7 +72,9 @@ hpctrain_site_env() {
   # HDF5 file locking fails or serialises on Lustre/GPFS; shards are read-only.
   export HDF5_USE_FILE_LOCKING=${HDF5_USE_FILE_LOCKING:-FALSE}
   # Open MPI: skip the deprecated openib BTL (UCX drives InfiniBand); give ranks 30 s after a
-  # SIGTERM before SIGKILL, time to agree on a stop and write a checkpoint.
+  # SIGTERM before SIGKILL, time to agree on a stop and write a checkpoint. (Set either way:
+  # MPICH ignores OMPI_*. MPICH's Hydra forwards SIGTERM/SIGUSR1 to the ranks and has no kill
+  # delay of its own; an MPI_Abort or a dead rank ends the whole job under both.)
   export OMPI_MCA_btl=${OMPI_MCA_btl:-^openib}
   export OMPI_MCA_odls_base_sigkill_timeout=${OMPI_MCA_odls_base_sigkill_timeout:-30}
   # Site-specific network settings belong in HPCTRAIN_SITE, e.g. (values depend on the machine):
@@ -98,7 +103,14 @@ hpctrain_init() {
   NP=$(( NODES * RANKS_PER_NODE ))
   export HPCTRAIN_GPUS_PER_NODE=$GPUS_PER_NODE
   hpctrain_site_env
-  PY=${HPCTRAIN_PYTHON:-$HPCTRAIN_HOME/.venv/bin/python}
+  HPCTRAIN_MPI=${HPCTRAIN_MPI:-openmpi}
+  case $HPCTRAIN_MPI in
+    openmpi) ;;
+    mpich) export HPCTRAIN_STAGE_VENV=${HPCTRAIN_STAGE_VENV:-.venv-mpich} \
+                  HPCTRAIN_STAGE_TARS=${HPCTRAIN_STAGE_TARS:-$HPCTRAIN_HOME/.stage/mpich} ;;
+    *) echo "hpctrain job: HPCTRAIN_MPI must be openmpi or mpich, got $HPCTRAIN_MPI" >&2; return 2 ;;
+  esac
+  PY=${HPCTRAIN_PYTHON:-$HPCTRAIN_HOME/${HPCTRAIN_STAGE_VENV:-.venv}/bin/python}
   BIND=$HPCTRAIN_HOME/jobs/common/bind.sh
   [ "$RESUME" = none ] && RESUME=""
   APP=("$PY" -m hpctrain --no-progress --run-dir "$RUN_DIR" --set "ckpt.resume=$RESUME"
@@ -139,6 +151,9 @@ hpctrain_launch() {
     kill -0 "$pid" 2>/dev/null || break        # wait returned because of a trapped signal: wait again
   done
   trap - TERM USR1
+  # MPICH's Hydra sometimes exits 0 after forwarding a signal although every rank stopped with 3
+  # (about 1 run in 8 here): the run's own last record decides.
+  if [ "$rc" = 0 ] && hpctrain_stopped; then rc=3; fi
   return "$rc"
 }
 
@@ -152,6 +167,25 @@ hpctrain_ompi_exports() {
            NCCL_DEBUG FI_PROVIDER HPCTRAIN_INJECT_FAULT; do
     [ -n "${!v:-}" ] && OMPI_X+=(-x "$v")
   done
+  return 0
+}
+
+hpctrain_launcher() {
+  # Sets LAUNCH (array): the mpirun/mpiexec line for HPCTRAIN_MPI, NP ranks, RANKS_PER_NODE per
+  # node, CPUS_PER_RANK cores each. Both read the allocation (Slurm, PBS, LSF) themselves.
+  #   openmpi: mpirun --map-by ppr:R:node:PE=C --bind-to core -x VAR… (forwards only what it names)
+  #   mpich:   Hydra's mpiexec -ppn R -bind-to core:C (forwards the whole environment); the
+  #            command is HPCTRAIN_MPIEXEC, else mpiexec.mpich where Debian installs MPICH beside
+  #            Open MPI, else mpiexec.
+  case $HPCTRAIN_MPI in
+    openmpi)
+      hpctrain_ompi_exports
+      LAUNCH=(mpirun -n "$NP" --map-by "ppr:$RANKS_PER_NODE:node:PE=$CPUS_PER_RANK" --bind-to core "${OMPI_X[@]}") ;;
+    mpich)
+      local exe=${HPCTRAIN_MPIEXEC:-}
+      [ -n "$exe" ] || { command -v mpiexec.mpich >/dev/null && exe=mpiexec.mpich || exe=mpiexec; }
+      LAUNCH=("$exe" -n "$NP" -ppn "$RANKS_PER_NODE" -bind-to "core:$CPUS_PER_RANK") ;;
+  esac
   return 0
 }
 

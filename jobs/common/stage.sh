@@ -39,7 +39,7 @@ hpctrain_stage_use() {
 }
 
 hpctrain_stage() {
-  # Usage: hpctrain_stage slurm|openmpi|pals|jsrun — no-op unless HPCTRAIN_STAGE=1.
+  # Usage: hpctrain_stage slurm|openmpi|mpich|pals|jsrun — no-op unless HPCTRAIN_STAGE=1.
   [ "${HPCTRAIN_STAGE:-0}" = 1 ] || return 0
   STAGE_DIR=${HPCTRAIN_STAGE_DIR:-/tmp/hpctrain-${SLURM_JOB_ID:-${PBS_JOBID:-${LSB_JOBID:-$$}}}}
   local stage=${HPCTRAIN_STAGE_TARS:-$HPCTRAIN_HOME/.stage} t
@@ -54,9 +54,10 @@ hpctrain_stage() {
         hpctrain_do "${per_node[@]}" tar -C "$STAGE_DIR" -xf "$STAGE_DIR/$t.tar"
         hpctrain_do "${per_node[@]}" rm -f "$STAGE_DIR/$t.tar"
       done ;;
-    openmpi|pals|jsrun)
+    openmpi|mpich|pals|jsrun)
       case $1 in
         openmpi) per_node=(mpirun -n "$NODES" --map-by ppr:1:node) ;;
+        mpich) per_node=("${HPCTRAIN_MPIEXEC:-$(command -v mpiexec.mpich || echo mpiexec)}" -n "$NODES" -ppn 1) ;;
         pals) per_node=(mpiexec -n "$NODES" --ppn 1) ;;
         jsrun) per_node=(jsrun --nrs "$NODES" --rs_per_host 1 --tasks_per_rs 1 --cpu_per_rs 1) ;;
       esac
