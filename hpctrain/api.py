@@ -14,6 +14,7 @@ from mpi4py import MPI
 
 from hpctrain.comm.collectives import allreduce_sum, broadcast_module
 from hpctrain.data import ShardLoader, ShardSet, eval_batches, read_index
+from hpctrain.errors import ConfigError
 from hpctrain.ops.abort import install_abort_hook
 from hpctrain.topology import Topology
 
@@ -36,13 +37,27 @@ def init(comm: MPI.Comm | None = None, ranks_per_node: int = 0, threads: int | N
     return topo
 
 
-def bind_device(topo: Topology) -> torch.device:
-    """One GPU per rank by node-local rank (after jobs/common/bind.sh only one is visible)."""
-    if torch.cuda.is_available():
-        index = topo.local_rank % torch.cuda.device_count()
-        torch.cuda.set_device(index)
-        return torch.device("cuda", index)
-    return torch.device("cpu")
+DEVICES = ("auto", "cpu", "cuda")
+"""Values of ``train.device`` (:func:`bind_device`'s ``want``)."""
+
+
+def bind_device(topo: Topology, want: str = "auto") -> torch.device:
+    """The device this rank trains on, made current: ``cuda:<local rank mod visible GPUs>``
+    for ``"cuda"``, and for ``"auto"`` when torch sees CUDA (after jobs/common/bind.sh only one
+    GPU is visible, so that is index 0); else ``"cpu"``. Several ranks of a node may share a
+    GPU when there are fewer GPUs than ranks. ``"cuda"`` without a CUDA device is a
+    :class:`ConfigError`."""
+    if want not in DEVICES:
+        raise ConfigError(f"config train.device: must be one of {' | '.join(DEVICES)}, got {want!r}")
+    if want == "cpu" or (want == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError("config train.device: cuda, but torch sees no CUDA device "
+                          f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'}); "
+                          "use auto or cpu")
+    index = topo.local_rank % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
 
 
 def broadcast_parameters(model: torch.nn.Module, comm: MPI.Comm, root: int = 0) -> None:

@@ -106,6 +106,9 @@ class TrainConfig:
     threads: int = opt(1, "torch intra-op threads per rank", range=POSITIVE)
     eval_every: int = opt(0, "evaluate every N epochs (0: only at the end)", range=NON_NEGATIVE)
     max_steps: int = opt(0, "stop after this many optimiser steps (0: no limit)", range=NON_NEGATIVE)
+    device: str = opt("auto", "where model, batches and gradients live: auto (cuda:<local rank mod visible "
+                              "GPUs> when torch sees CUDA, else cpu) | cpu | cuda",
+                      choices="hpctrain.api:DEVICES")
 
 
 @dataclass

@@ -45,6 +45,7 @@ class Job:
     loader: ShardLoader
     test_set: ShardSet
     timer: StepTimer
+    device: torch.device = torch.device("cpu")
 
     @property
     def model(self) -> torch.nn.Module:
@@ -73,16 +74,16 @@ def setup(cfg: Config, comm: MPI.Comm, stack: contextlib.ExitStack) -> Job:
     torch.set_num_threads(cfg.train.threads)
     topo = Topology.create(comm, cfg.comm.ranks_per_node)
     stack.push(on_agreed_exit(topo.close))
-    bind_device(topo)
+    device = _agreed(comm, bind_device, topo, cfg.train.device)
     index = _agreed(comm, _data_index, cfg, topo)
     loader, test_set = _agreed(comm, _open_data, cfg, topo, index, stack)
-    model, optimizer, schedule = _agreed(comm, _model_and_optimizer, cfg, index, loader)
+    model, optimizer, schedule = _agreed(comm, _model_and_optimizer, cfg, index, loader, device)
     # collective, same verdict on every rank: names an odd rank out
     _agreed(comm, check_consistency, topo.comm, model, cfg.to_dict(), software_versions())
     timer = StepTimer()
     trainer = DistributedTrainer.from_config(model, optimizer, topo, cfg, schedule=schedule, timer=timer)
     stack.push(on_agreed_exit(trainer.close))
-    return Job(cfg, topo, trainer, loader, test_set, timer)
+    return Job(cfg, topo, trainer, loader, test_set, timer, device)
 
 
 def _agreed(comm: MPI.Comm, phase, *args):
@@ -133,9 +134,10 @@ def _open_data(cfg: Config, topo: Topology, index, stack: contextlib.ExitStack):
     return loader, test_set
 
 
-def _model_and_optimizer(cfg: Config, index, loader):
-    """Local only (no collectives): model, output check, optimiser, schedule."""
-    if cfg.precision.compute == "fp16" and not torch.cuda.is_available():
+def _model_and_optimizer(cfg: Config, index, loader, device: torch.device = torch.device("cpu")):
+    """Local only (no collectives): model (on ``device``, before the optimiser sees its
+    parameters), output check, optimiser, schedule."""
+    if cfg.precision.compute == "fp16" and device.type != "cuda":
         raise ConfigError("config precision.compute: fp16 compute needs a CUDA device; use bf16 on CPU")
     torch.manual_seed(cfg.train.seed)
     m = cfg.model
@@ -146,7 +148,9 @@ def _model_and_optimizer(cfg: Config, index, loader):
         if isinstance(exc, UserError) or m.name in BUILTIN:
             raise                                  # a built-in model's failure is hpctrain's bug
         raise ModelError(str(exc)) from exc        # the user's own factory failed: one line
-    sample = next(iter(eval_batches(loader.shards, rank=0, size=1, batch_size=2)))[0]
+    if device.type != "cpu":                    # built on the CPU; moved before the optimiser sees it
+        model = model.to(device)
+    sample = next(iter(eval_batches(loader.shards, rank=0, size=1, batch_size=2)))[0].to(device)
     check_model_output(model, sample, index.num_classes, m.name)
     optimizer = optimizer_from_config(model, cfg.optim)
     schedule = schedule_from_config(cfg.optim, global_batch=cfg.train.batch_size, steps_per_epoch=loader.steps,
@@ -161,6 +165,7 @@ def evaluate(job: Job, batch_size: int = 256) -> dict:
     # every rank scores the same model: the update in flight done, rank 0's BN statistics
     with job.trainer.evaluation() as model, torch.no_grad():
         for x, y in eval_batches(job.test_set, rank=topo.rank, size=topo.size, batch_size=batch_size):
+            x, y = to_device(x, y, job.device)
             out = model(x)
             loss_sum += float(torch.nn.functional.cross_entropy(out, y, reduction="sum"))
             correct += float((out.argmax(1) == y).sum())
@@ -176,8 +181,16 @@ def polish(job: Job) -> dict:
     if cfg.polish.bn_batches:
         batches = itertools.islice(batches, cfg.polish.bn_batches)
     with job.timer.span("polish"):
-        recompute_bn_stats(job.model, batches, job.topo.comm)
+        recompute_bn_stats(job.model, batches, job.topo.comm,
+                           inputs_of=lambda batch: batch[0].to(job.device, non_blocking=True))
     return evaluate(job)
+
+
+def to_device(x: torch.Tensor, y: torch.Tensor, device: torch.device):
+    """A batch on ``device`` (asynchronous from pinned memory; on the CPU the tensors themselves)."""
+    if device.type == "cpu":
+        return x, y
+    return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
 
 def timed_batches(batches, timer: StepTimer):
@@ -203,9 +216,17 @@ class Progress:
 
 
 def startup_line(job: Job) -> str:
-    """What this run chose and why, in one line: topology, gradient sync, effective lr."""
-    return (f"hpctrain: {job.topo.describe()} | sync {job.trainer.sync.describe()} | "
+    """What this run chose and why, in one line: topology, device, gradient sync, effective lr."""
+    return (f"hpctrain: {job.topo.describe()} | device {describe_device(job.device, job.cfg.train.device)} | "
+            f"sync {job.trainer.sync.describe()} | "
             f"{describe_lr(job.cfg.optim, job.loader.global_batch)}")
+
+
+def describe_device(device: torch.device, want: str) -> str:
+    """``cuda:1 (auto: local rank mod 2 visible GPUs)``, ``cpu (auto: no CUDA device)``, ``cpu``."""
+    if device.type == "cuda":
+        return f"{device} ({want}: local rank mod {torch.cuda.device_count()} visible GPU(s))"
+    return f"{device} (auto: no CUDA device)" if want == "auto" else str(device)
 
 
 def run(cfg: Config, comm: MPI.Comm) -> dict:
@@ -260,7 +281,7 @@ def train(job: Job, ckpt: Checkpointer, stop: StopSignal, resumed, log: MetricsL
     first_epoch, skip = (resumed.epoch, resumed.step_in_epoch) if resumed else (0, 0)
     lr = trainer.lr()
     for epoch in range(first_epoch, cfg.train.epochs):
-        t_epoch, loss_sum, n = time.perf_counter(), torch.zeros(()), 0
+        t_epoch, loss_sum, n = time.perf_counter(), torch.zeros((), device=job.device), 0
         # Final Polishing (b): the last polish.unaugmented_epochs epochs see the data as validation does
         augment = epoch < cfg.train.epochs - cfg.polish.unaugmented_epochs
         batches = loader.epoch(epoch, skip=skip if epoch == first_epoch else 0, augment=augment)
@@ -271,7 +292,7 @@ def train(job: Job, ckpt: Checkpointer, stop: StopSignal, resumed, log: MetricsL
                 watchdog.step(trainer.step_count)
             maybe_inject(topo.rank, trainer.step_count)
             lr = trainer.lr()
-            result = trainer.step(x, y)
+            result = trainer.step(*to_device(x, y, job.device))
             loss_sum += result.loss
             progress.skipped += result.skipped
             n += 1

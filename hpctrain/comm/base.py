@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 from hpctrain.comm import compression as compression_lib
+from hpctrain.comm import staging as staging_lib
 from hpctrain.comm.progress import Pending
 from hpctrain.topology import Topology
 
@@ -65,10 +66,13 @@ class Bucket:
     codec: object = None          # being read from ``flat``; the mean is left here, encoded,
     encoded: bool = False         # until read (``result``) or bound (``scatter``)
     views: list = field(default=None, repr=False)   # views[j][i]: params[i]'s slice of bufs[j]
+    staging: object = None        # device buckets: the device buffers the views live in
+                                  # (hpctrain.comm.staging); None: the views live in ``bufs``
 
     def __post_init__(self):
+        homes = self.bufs if self.staging is None else self.staging.dev
         self.views = [[buf[off:off + p.numel()].view_as(p) for p, off in zip(self.params, self.offsets)]
-                      for buf in self.bufs]
+                      for buf in homes]
 
     @property
     def flat(self) -> torch.Tensor:
@@ -86,11 +90,22 @@ class Bucket:
 
     @property
     def result(self) -> torch.Tensor:
-        """The mean over ranks after a round (decoded from the wire on first read)."""
+        """The mean over ranks after a round (decoded from the wire on first read; for a
+        staged bucket, copied to its device buffer on first read and returned from there)."""
         if self.encoded:
             self.codec.unpack(self.wire, [self.out])
             self.encoded = False
-        return self.out
+        if self.staging is None:
+            return self.out
+        return self.staging.to_device(self.out, self.staging.dev[1 - self.k])
+
+    def stage_in(self, scale: float) -> None:
+        """Staged bucket, after :meth:`gather_grads`: copy this round's input from the device
+        to the host buffer the strategy reduces, and pack it into the wire there if the bucket
+        is compressed (on the host for now: see :mod:`hpctrain.comm.staging`)."""
+        self.staging.to_host(self.staging.dev[self.k], self.flat)
+        if self.wire is not None:
+            self.codec.pack([self.flat], self.wire, scale)
 
     def next_round(self) -> None:
         """Swap the buffers: the last round's ``out`` (where ``p.grad`` views point after a
@@ -109,7 +124,7 @@ class Bucket:
         scaling to the reduction, which folds it into its last add.
         """
         mine, theirs = self.views[self.k], self.views[1 - self.k]
-        packed = self.wire is not None
+        packed = self.wire is not None and self.staging is None    # staged: packed in stage_in
         srcs = []
         for i, (p, v) in enumerate(zip(self.params, mine)):
             g = p.grad
@@ -148,7 +163,8 @@ def _groups(params, bucket_bytes: int) -> list[list]:
     buckets, cur, cur_bytes = [], [], 0
     for p in reversed(list(params)):
         n_bytes = p.numel() * p.element_size()
-        if cur and (cur_bytes + n_bytes > bucket_bytes or p.dtype != cur[0].dtype):
+        if cur and (cur_bytes + n_bytes > bucket_bytes or p.dtype != cur[0].dtype
+                    or p.device != cur[0].device):
             buckets.append(cur)
             cur, cur_bytes = [], 0
         cur.append(p)
@@ -163,17 +179,31 @@ def make_buckets(params, bucket_bytes: int, alloc=None) -> list[Bucket]:
 
     Backward produces gradients roughly in reverse definition order, so reversing lets the first
     bucket be complete earliest (PyTorch DDP and Horovod fuse the same way). Parameters of a
-    different dtype start a new bucket. ``alloc(n_elems, dtype, index, which)`` provides each
-    bucket's two buffers (``which`` 0 and 1; default: fresh zeroed tensors; the hierarchical
-    strategy hands out window memory).
+    different dtype or device start a new bucket. ``alloc(n_elems, dtype, index, which)``
+    provides each bucket's two host buffers, the ones MPI reads (``which`` 0 and 1; default:
+    fresh zeroed tensors; the hierarchical strategy hands out window memory); a staged bucket's
+    are asked for with ``pinned=True`` where CUDA can use page-locked memory.
+
+    This is the one place that decides where a bucket's gradients live: a bucket of CPU
+    parameters keeps them in its host buffers; any other bucket is staged
+    (:mod:`hpctrain.comm.staging`): the gradients live in device buffers and cross to the host
+    buffers around each reduction. ``HPCTRAIN_TEST_STAGING=1`` stages CPU buckets too (tests).
     """
-    alloc = alloc or (lambda n, dtype, i, which: torch.zeros(n, dtype=dtype))
+    alloc = alloc or (lambda n, dtype, i, which, pinned=False: torch.zeros(n, dtype=dtype, pin_memory=pinned))
+    force = staging_lib.forced()
     out = []
     for i, group in enumerate(_groups(params, bucket_bytes)):
         offsets = np.cumsum([0] + [p.numel() for p in group[:-1]]).tolist()
-        n = sum(p.numel() for p in group)
-        bufs = [alloc(n, group[0].dtype, i, which) for which in (0, 1)]
-        out.append(Bucket(params=group, offsets=offsets, bufs=bufs, index=i))
+        n, dtype, device = sum(p.numel() for p in group), group[0].dtype, group[0].device
+        staging = None
+        if force or device.type != "cpu":
+            staging = staging_lib.Staging(n, dtype, device)
+            pinned = staging_lib.pin_host()
+            bufs = [alloc(n, dtype, i, which, pinned=True) if pinned else alloc(n, dtype, i, which)
+                    for which in (0, 1)]
+        else:
+            bufs = [alloc(n, dtype, i, which) for which in (0, 1)]
+        out.append(Bucket(params=group, offsets=offsets, bufs=bufs, index=i, staging=staging))
     return out
 
 
@@ -237,9 +267,11 @@ class GradSync:
         how = ", ".join(f"{n} {m}" for m, n in counts.items())
         mib = sum(b.n_elems * b.bufs[0].element_size() for b in self.buckets) / 2**20
         chosen = f" ({self.chosen_by})" if getattr(self, "chosen_by", "") else ""
+        staged = [b.staging for b in self.buckets if b.staging is not None]
+        where = f", {len(staged)} staged from {staged[0].describe()}" if staged else ""
         return (f"{self.name}{chosen}, compression={self.codec.name}, overlap={self.overlap}, "
                 f"{len(self.buckets)} bucket(s) of {mib:.1f} MiB in all ({how or 'none'}); "
-                f"gradients live in the buckets")
+                f"gradients live in the buckets{where}")
 
     def _methods(self) -> list[str]:
         """How each bucket is summed (for :meth:`describe`)."""
@@ -248,8 +280,8 @@ class GradSync:
     def _prepare(self, sizes) -> None:
         """Called with ``[(n_elems, dtype)]`` of every bucket before any is allocated."""
 
-    def _alloc(self, n_elems: int, dtype, index: int, which: int) -> torch.Tensor:
-        return torch.zeros(n_elems, dtype=dtype)
+    def _alloc(self, n_elems: int, dtype, index: int, which: int, pinned: bool = False) -> torch.Tensor:
+        return torch.zeros(n_elems, dtype=dtype, pin_memory=pinned)
 
     def _setup(self) -> None:
         """Called once the buckets exist (per-bucket communicators, scratch buffers)."""
@@ -272,6 +304,8 @@ class GradSync:
             callback(bucket.index)
         bucket.next_round()
         bucket.gather_grads(self.gather_scale)
+        if bucket.staging is not None:
+            bucket.stage_in(self.gather_scale)
         self._pending[bucket.index] = Pending(self.reduce_bucket(bucket))
 
     def _before_accumulate(self, p):

@@ -8,11 +8,17 @@ from mpi4py import MPI
 
 
 def broadcast_tensors(tensors, comm: MPI.Comm, root: int = 0) -> None:
-    """Overwrite every rank's tensors with ``root``'s, in place (contiguous CPU tensors)."""
+    """Overwrite every rank's tensors with ``root``'s, in place (contiguous tensors; a device
+    tensor travels through a host copy)."""
     for t in tensors:
         if not t.is_contiguous():
             raise ValueError("broadcast_tensors needs contiguous tensors")
-        comm.Bcast(t.detach().numpy(), root=root)
+        if t.device.type == "cpu":
+            comm.Bcast(t.detach().numpy(), root=root)
+        else:
+            host = t.detach().cpu()
+            comm.Bcast(host.numpy(), root=root)
+            t.copy_(host)
 
 
 def broadcast_module(module: torch.nn.Module, comm: MPI.Comm, root: int = 0) -> None:

@@ -93,7 +93,9 @@ class HierarchicalSync(GradSync):
         self._win = SharedWindow(t.intra, 2 * self._buf_bytes, aligned(len(sizes) * t.local_size))
         self._n_slices = t.min_local_size if t.n_nodes > 1 else t.local_size
 
-    def _alloc(self, n_elems: int, dtype, index: int, which: int) -> torch.Tensor:
+    def _alloc(self, n_elems: int, dtype, index: int, which: int, pinned: bool = False) -> torch.Tensor:
+        # A staged (device) bucket's host side is this window memory too; ``pinned`` is not
+        # honoured yet (registering the window with the CUDA driver is the next step).
         return self._view(self.topo.local_rank, index, which, n_elems, dtype)
 
     def _view(self, rank: int, index: int, which: int, n_elems: int, dtype) -> torch.Tensor:

@@ -59,7 +59,13 @@ def encode(state: dict) -> bytes:
 
 
 def decode(payload: bytes) -> dict:
-    """Unpickle with ``weights_only``: tensors, containers and numbers only, no code runs."""
+    """Unpickle with ``weights_only``: tensors, containers and numbers only, no code runs.
+
+    Tensors load onto the CPU whatever device wrote them (``map_location="cpu"``: no rank
+    touches a GPU that is not its own); ``load_state_dict`` then copies them onto the device the
+    run trains on - the model's into its tensors, the optimiser's state cast to each parameter's
+    device by ``torch.optim.Optimizer.load_state_dict``. So a checkpoint written on GPUs
+    resumes on CPUs and the other way round."""
     return torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
 
 

@@ -5,6 +5,7 @@ import importlib
 import inspect
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -242,3 +243,24 @@ def test_cli_numbers_one_line_status_2(tmp_path, args, line):
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [line]
     assert not (tmp_path / "run").exists()
+
+
+def test_train_device_binding_without_cuda(monkeypatch):
+    """train.device: cpu always; auto is cpu without CUDA; cuda without CUDA is a ConfigError."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from hpctrain.api import bind_device
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    topo = SimpleNamespace(local_rank=3)
+    assert bind_device(topo, "cpu") == torch.device("cpu")
+    assert bind_device(topo, "auto") == torch.device("cpu")
+    with pytest.raises(ConfigError, match="train.device: cuda, but torch sees no CUDA device"):
+        bind_device(topo, "cuda")
+    with pytest.raises(ConfigError, match=re.escape("must be one of auto | cpu | cuda, got 'gpu'")):
+        bind_device(topo, "gpu")
+    cfg = Config()
+    set_value(cfg, "train.device", "gpu")
+    with pytest.raises(ConfigError, match=re.escape("config train.device: must be one of auto | cpu | cuda, got 'gpu'")):
+        validate(cfg)

@@ -1,0 +1,87 @@
+"""Gradient sync of CUDA tensors (the staging path with its CUDA calls): ``-m gpu``.
+
+Not run on the CPU-only machines this was written on (skipped: "needs a CUDA device"); the same
+path minus the CUDA calls runs in CI through HPCTRAIN_TEST_STAGING (test_comm_staging.py).
+
+Every strategy x compression x overlap: parameters on ``cuda:<local rank mod GPUs>`` (ranks may
+share a GPU) give exactly the bytes of the same parameters on the CPU. Tolerance: none - the
+reduction runs on the host on the same bytes either way (the device-to-host copy is exact; fp16
+is packed on the host from those bytes by the same element-wise kernel), and equal to MPI's
+Allreduce mean within the bounds of test_comm_strategies.py.
+"""
+import numpy as np
+import pytest
+import torch
+from mpi4py import MPI
+
+from hpctrain import comm as comm_lib
+from hpctrain.api import bind_device
+from hpctrain.comm import staging
+from hpctrain.topology import Topology
+from tests.mpi.test_comm_strategies import CASES, CODECS, STRATS, bound, reference
+
+pytestmark = [pytest.mark.mpi, pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+def run_rounds(strategy, codec, topo, sizes, bucket_bytes, overlap, device, closer, seed, n_rounds=3):
+    """Backward of sum(p * c) then a sync, ``n_rounds`` times; returns [(coefs, means on CPU)]."""
+    comm = topo.comm
+    params = [torch.nn.Parameter(torch.zeros(n, device=device)) for n in sizes]
+    sync = closer(comm_lib.create(strategy, params, topo, bucket_bytes=bucket_bytes, compression=codec,
+                                  overlap=overlap))
+    assert all((b.staging is not None) == (device.type != "cpu") for b in sync.buckets)
+    rng = np.random.default_rng(seed * 1000 + comm.Get_rank())
+    out = []
+    for _ in range(n_rounds):
+        coefs = [torch.from_numpy(rng.standard_normal(n) * 3).float() for n in sizes]
+        for p in params:
+            if p.grad is not None:
+                p.grad.zero_()
+        loss = sum((p * c.to(device)).sum() for p, c in zip(params, coefs))
+        loss.backward()
+        assert sync.finish(scatter=True) is False
+        for p in params:
+            assert p.grad.device == device
+        out.append((coefs, [p.grad.cpu() for p in params]))
+    return out
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("ranks_per_node", [0, 1])
+@pytest.mark.parametrize("codec", CODECS)
+@pytest.mark.parametrize("strategy", STRATS)
+def test_device_tensors_equal_cpu_tensors(strategy, codec, ranks_per_node, overlap, monkeypatch, closer):
+    monkeypatch.delenv(staging.TEST_SWITCH, raising=False)
+    comm = MPI.COMM_WORLD
+    topo = closer(Topology.create(comm, ranks_per_node=ranks_per_node))
+    device = bind_device(topo, "cuda")
+    for case in ("several", "big", "byte_over"):
+        sizes, bucket_bytes = CASES[case]
+        cpu = run_rounds(strategy, codec, topo, sizes, bucket_bytes, overlap, torch.device("cpu"), closer, 7)
+        gpu = run_rounds(strategy, codec, topo, sizes, bucket_bytes, overlap, device, closer, 7)
+        for (coefs, want), (_, got) in zip(cpu, gpu):
+            for a, b in zip(want, got):
+                assert torch.equal(a, b), (strategy, codec, case)
+            for g, (mean, mean_abs) in zip(got, reference(coefs, comm)):
+                err = np.abs(g.double().numpy() - mean)
+                assert np.all(err <= bound(codec, torch.float32, comm.Get_size(), mean_abs))
+
+
+def test_device_staging_uses_pinned_host_memory(closer):
+    topo = closer(Topology.create(MPI.COMM_WORLD))
+    device = bind_device(topo, "cuda")
+    params = [torch.nn.Parameter(torch.zeros(1000, device=device))]
+    sync = closer(comm_lib.create("flat", params, topo, bucket_bytes=1 << 20))
+    (b,) = sync.buckets
+    assert b.staging.cuda and all(buf.is_pinned() for buf in b.bufs)
+    assert b.staging.dev[0].device == device
+    assert "staged from cuda" in sync.describe()
+
+
+def test_bind_device_round_robins_local_ranks(closer):
+    topo = closer(Topology.create(MPI.COMM_WORLD))
+    device = bind_device(topo, "auto")
+    assert device == torch.device("cuda", topo.local_rank % torch.cuda.device_count())
+    assert torch.cuda.current_device() == device.index
+    assert bind_device(topo, "cpu") == torch.device("cpu")
