@@ -34,7 +34,7 @@ MPICH_JOB_TESTS := tests/integration/test_mpich.py tests/integration/test_failur
 # kill -9: test_mpich.py has Hydra's version (ranks are grandchildren of mpiexec); the mid-run
 # fault's message check: see test_mpich.py test_exception_mid_run_ends_the_job_promptly.
 MPICH_JOB_SKIP := not test_kill_9_of_one_rank_fails_the_job_promptly and not test_training_fault_mid_run_names_rank \
-	and not test_default_job_reaches_target[1]
+	and not test_default_job_reaches_target[1] and not test_default_job_reaches_target[4]
 LIBVERSION = -c 'from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0].strip())'
 
 .PHONY: setup setup-mpich demo test test-serial test-mpi test-slurm test-mpich docs bench clean
@@ -72,7 +72,7 @@ test-slurm: setup
 	HPCTRAIN_TEST_SLURM=1 $(PY) -m pytest -q -rs tests/integration/test_ops_slurm.py
 
 # MPICH (Hydra): MPI comm, trainer, fault and data tests at -n 2 (the -n 4 topologies of a subset),
-# then aborts, kill -9, stop signals through a batch script and the default job at 2 and 4 ranks
+# then aborts, kill -9, a stop signal through a batch script and the default job at 2 ranks
 # (tests/integration/mpirun.py launches with HPCTRAIN_MPIEXEC).
 test-mpich: setup-mpich
 	@echo "== [test-mpich] MPI tests under $$($(MPICH_PY) $(LIBVERSION)) ($(MPICH_EXEC))"

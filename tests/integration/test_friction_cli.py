@@ -62,3 +62,21 @@ def test_startup_line_and_the_channel_axis_hint(tmp_path):
                        text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "lr 0.0125 = 0.2 x 16/256 (optim.scale_lr; set optim.scale_lr=false to use 0.2 as given)" in r.stdout
+
+
+def test_1d_samples_without_a_channel_axis_get_a_hint(tmp_path):
+    """(N, 16) arrays → samples (16,) → in_channels=16 → a Conv1d model fails: the one error line
+    names the fix, a channel axis (N, 1, 16)."""
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "flat.npz", x=rng.normal(size=(64, 16)).astype(np.float32), y=rng.integers(0, 3, 64))
+    (tmp_path / "conv.py").write_text(MODEL)
+    env = {**os.environ, **ENV, "PYTHONPATH": ROOT}
+    r = subprocess.run([sys.executable, "-m", "data_tools", "convert", "--from", "npz", "flat.npz", "--out", "shards",
+                        "--no-progress"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([sys.executable, "-m", "hpctrain", "--model", "conv.py:make", "--data", "shards",
+                        "--run-dir", "run", "--no-progress", "--max-steps", "1", "--batch-size", "16"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "in_channels=16" in lines[0] and "(N, 1, 16)" in lines[0], r.stderr

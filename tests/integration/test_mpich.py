@@ -98,9 +98,8 @@ def test_kill_9_of_one_rank_ends_the_job_promptly(tmp_path):
     print(f"{MPIEXEC} exited {proc.returncode} {secs:.2f} s after SIGKILL of one rank of 4")
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1])
-def test_stop_signal_through_the_batch_script_checkpoints_and_exits_3(tmp_path, signum):
-    """What a scheduler does: signal the batch shell, which passes SIGUSR1 to Hydra's mpiexec
+def test_stop_signal_through_the_batch_script_checkpoints_and_exits_3(tmp_path, signum=signal.SIGTERM):
+    """What ``scancel`` does: SIGTERM the batch shell, which passes SIGUSR1 to Hydra's mpiexec
     (jobs/common/env.sh hpctrain_launch); Hydra forwards it to every rank, which checkpoints and
     stops with 3. (Hydra itself sometimes exits 0 after a forwarded signal; the script returns 3
     when the run's last record says it stopped.)"""
