@@ -27,11 +27,9 @@ MPICH_EXEC ?= mpiexec.mpich
 MPICH_MPI_TESTS := tests/mpi/test_collectives.py $(wildcard tests/mpi/test_comm_*.py) \
 	tests/mpi/test_equivalence.py tests/mpi/test_trainer_buffers.py tests/mpi/test_ops_faults.py \
 	$(wildcard tests/mpi/test_data_*.py)
-# -n 4: test_comm_strategies.py is left out until the comm deadlock under MPICH is fixed (since
-# 294aece, buckets <= 32 MiB take a blocking Allreduce; a rank sits in it while the others wait in progress.wait:
-# test_emulated_topologies / test_float64_exact_enough hang at -n 4 under MPICH, pass under Open
-# MPI). Put it back here with the fix.
-MPICH_MPI_TESTS_4 := tests/mpi/test_collectives.py tests/mpi/test_equivalence.py \
+# -n 4 on 2 emulated nodes: test_comm_strategies.py is the regression test of a deadlock MPICH
+# showed when a bucket's allreduce blocked while a peer waited on another bucket's node barrier.
+MPICH_MPI_TESTS_4 := tests/mpi/test_collectives.py tests/mpi/test_comm_strategies.py tests/mpi/test_equivalence.py \
 	tests/mpi/test_ops_faults.py tests/mpi/test_data_integrity.py
 MPICH_JOB_TESTS := tests/integration/test_mpich.py tests/integration/test_failures.py \
 	tests/integration/test_default_job.py

@@ -14,8 +14,13 @@ Why our own ring rather than MPI's ``Allreduce``:
 Below ``SMALL_BYTES`` a full-precision buffer goes by ``Iallreduce``: there the 2(n-1) message
 latencies of the ring cost more than the bandwidth saved. Strategies keep such buckets
 uncompressed (4 KiB through the fp16 ring measured ~0.45 ms against ~0.05 ms). Up to
-``MPI_MAX_BYTES`` a full-precision buffer goes by MPI's blocking ``Allreduce`` (faster there;
-blocking also when overlapped, so both paths give the same bytes): :func:`mpi_choice`.
+``MPI_MAX_BYTES`` a full-precision buffer goes by MPI's own allreduce (faster there):
+:func:`mpi_choice`. Always its non-blocking ``Iallreduce``, in the overlapped and the blocking
+path alike (the same bytes either way): a rank blocked inside a collective cannot advance the
+other buckets' rings and node barriers, which are driven from Python, and a peer waiting on one
+of those would never reach the collective — a deadlock MPICH showed at 4 ranks on 2 emulated
+nodes. ``Iallreduce`` + wait costs what ``Allreduce`` costs here (2 ranks, Open MPI 4.1: 4 MiB
+1.63 ms both, 25 MiB 11.7 vs 13.4 ms).
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ from mpi4py import MPI
 SMALL_BYTES = 64 * 1024
 SMALL_ELEMS = 1 << 14
 MPI_MAX_BYTES = 32 * 2**20
-"""Full-precision buffers up to this size go through MPI's blocking ``Allreduce`` instead of the
+"""Full-precision buffers up to this size go through MPI's allreduce instead of the
 ring (:func:`mpi_choice`), in the spirit of Open MPI's own size-based decision rules. Measured
 with ``bench allreduce`` on 2 ranks (README): Open MPI 4.1's ``Allreduce`` is 1.3-4x faster
 than the ring from 256 KiB to 25 MiB, the ring ~1.1-1.9x faster at 64 MiB and above."""
@@ -59,16 +64,14 @@ def _msg(t: torch.Tensor):
 
 
 def mpi_choice(n_bytes: int, codec) -> str:
-    """How a full-precision buffer of ``n_bytes`` is summed: ``"iallreduce"`` (latency-bound, at
-    most ``SMALL_BYTES``), ``"allreduce"`` (MPI's blocking call, up to ``MPI_MAX_BYTES``, where
-    Open MPI's tuned algorithms beat the ring) or ``"ring"``. A pure function of the size and the
-    codec, so every rank, and the overlapped and blocking paths, choose alike (bit-identical
-    results). Compressed buffers always take the ring (MPI cannot sum fp16)."""
+    """How a full-precision buffer of ``n_bytes`` is summed: ``"mpi"`` (MPI's ``Iallreduce``, up
+    to ``MPI_MAX_BYTES``, where Open MPI's algorithms beat the ring) or ``"ring"``. A pure
+    function of the size and the codec, so every rank, and the overlapped and blocking paths,
+    choose alike (bit-identical results). Compressed buffers always take the ring (MPI cannot
+    sum fp16)."""
     if not codec.mpi_summable:
         return "ring"
-    if n_bytes <= SMALL_BYTES:
-        return "iallreduce"
-    return "allreduce" if n_bytes <= MPI_MAX_BYTES else "ring"
+    return "mpi" if n_bytes <= MPI_MAX_BYTES else "ring"
 
 
 class RingBuffers:
@@ -110,10 +113,7 @@ def ring_allreduce(buf: RingBuffers, comm: MPI.Comm, codec, src: torch.Tensor, d
         return nonfinite(dst)
     if buf.method != "ring":            # every rank holds MPI's identical result
         send = MPI.IN_PLACE if src.data_ptr() == dst.data_ptr() else src.detach().numpy()
-        if buf.method == "iallreduce":
-            yield [comm.Iallreduce(send, dst.detach().numpy(), op=MPI.SUM)]
-        else:
-            comm.Allreduce(send, dst.detach().numpy(), op=MPI.SUM)
+        yield [comm.Iallreduce(send, dst.detach().numpy(), op=MPI.SUM)]     # never block: see above
         if scale != 1.0:
             dst.mul_(scale)
         return nonfinite(dst)

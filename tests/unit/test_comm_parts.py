@@ -135,8 +135,7 @@ def test_one_rank_mean_is_the_gradient_exactly(strategy, codec):
 
 def test_size_rule_picks_mpi_or_the_ring():
     none, fp16 = NoCompression(), FP16Compression()
-    assert mpi_choice(SMALL_BYTES, none) == "iallreduce"
-    assert mpi_choice(SMALL_BYTES + 4, none) == "allreduce"
-    assert mpi_choice(MPI_MAX_BYTES, none) == "allreduce"
+    assert mpi_choice(4, none) == mpi_choice(SMALL_BYTES + 4, none) == "mpi"
+    assert mpi_choice(MPI_MAX_BYTES, none) == "mpi"
     assert mpi_choice(MPI_MAX_BYTES + 4, none) == "ring"
     assert mpi_choice(4, fp16) == "ring"         # MPI cannot sum fp16
