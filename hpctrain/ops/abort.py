@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import threading
 import traceback
 
@@ -36,6 +37,7 @@ def install_abort_hook(comm: MPI.Comm) -> None:
         sys.stderr.write(text + (f"hpctrain: aborting all {size} ranks\n" if size > 1 else ""))
         sys.stderr.flush()
         if size > 1:
+            time.sleep(0.3)       # let the launcher forward the line first (MPICH's Hydra lost it 1 in 6)
             comm.Abort(status)
         os._exit(status)
 
