@@ -33,9 +33,8 @@ MPICH_MPI_TESTS_4 := tests/mpi/test_collectives.py tests/mpi/test_comm_strategie
 	tests/mpi/test_ops_faults.py tests/mpi/test_data_integrity.py
 MPICH_JOB_TESTS := tests/integration/test_mpich.py tests/integration/test_failures.py \
 	tests/integration/test_default_job.py
-# kill -9: test_mpich.py has Hydra's version (ranks are grandchildren of mpiexec); the mid-run
-# fault's message check: see test_mpich.py test_exception_mid_run_ends_the_job_promptly.
-MPICH_JOB_SKIP := not test_kill_9_of_one_rank_fails_the_job_promptly and not test_training_fault_mid_run_names_rank \
+# The mid-run fault's message check: see test_mpich.py test_exception_mid_run_ends_the_job_promptly.
+MPICH_JOB_SKIP := not test_training_fault_mid_run_names_rank \
 	and not test_default_job_reaches_target[1] and not test_default_job_reaches_target[4]
 LIBVERSION = -c 'from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0].strip())'
 

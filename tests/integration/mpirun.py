@@ -25,3 +25,53 @@ def mpirun(n: int, args: list[str], timeout: float = 300, env: dict | None = Non
     r = subprocess.run([MPIEXEC, "-n", str(n), sys.executable, *args], capture_output=True, text=True,
                        env=full_env, timeout=timeout)
     return r, time.perf_counter() - t0
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from each process's PPid in /proc: children of any thread)."""
+    parent = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    parent[int(entry)] = int(fh.read().rpartition(")")[2].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        out += kids
+        todo += kids
+    return out
+
+
+def rank_pids(launcher_pid: int) -> list[int]:
+    """The ranks' Python processes below the launcher: its children under Open MPI, its
+    grandchildren under MPICH's Hydra (mpiexec → hydra_pmi_proxy → ranks)."""
+    ranks = []
+    for p in _descendants(launcher_pid):
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as fh:
+                argv = fh.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if argv and os.path.realpath(argv[0]) == os.path.realpath(sys.executable):
+            ranks.append(p)
+    return ranks
+
+
+def start_training(run_dir, n: int, *extra, timeout: float = 180) -> subprocess.Popen:
+    """``mpiexec -n N python -m hpctrain`` in the background, returned once its first epoch is
+    logged (so signals and kills land mid-training)."""
+    import pytest
+    proc = subprocess.Popen([MPIEXEC, "-n", str(n), sys.executable, "-m", "hpctrain", "--no-progress",
+                             "--run-dir", str(run_dir), *extra], env={**os.environ, **ENV},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics, deadline = os.path.join(str(run_dir), "metrics.jsonl"), time.monotonic() + timeout
+    while not (os.path.exists(metrics) and '"epoch"' in open(metrics).read()):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(proc.communicate()[1][-3000:])
+        time.sleep(0.2)
+    return proc

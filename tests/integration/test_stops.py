@@ -4,15 +4,12 @@ each with one ``hpctrain:`` line and no traceback from any rank."""
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 
 import h5py
 import pytest
 
 from hpctrain.ops import checkpoint as ck
-from tests.integration.mpirun import ENV, mpirun
+from tests.integration.mpirun import mpirun, rank_pids, start_training
 
 ARGS = ["-m", "hpctrain", "--no-progress"]
 
@@ -27,24 +24,13 @@ def assert_one_clean_line(stderr: str, expected: str) -> None:
     assert len(lines) == 1 and expected in lines[0], lines
 
 
-def _children(pid: int) -> list[int]:
-    with open(f"/proc/{pid}/task/{pid}/children") as fh:
-        return [int(p) for p in fh.read().split()]
-
-
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1])
 def test_stop_signal_with_default_driver_checkpoints_and_exits_3(tmp_path, signum):
     """The signal a scheduler sends each task (scancel, --signal=USR1@T) reaches every rank."""
-    proc = subprocess.Popen(["mpiexec", "-n", "2", sys.executable, *ARGS, "--run-dir", str(tmp_path),
-                             "--epochs", "50"], env={**os.environ, **ENV},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_training(tmp_path, 2, "--epochs", "50")
     metrics = tmp_path / "metrics.jsonl"
     try:
-        deadline = time.monotonic() + 180
-        while not (metrics.exists() and '"epoch"' in metrics.read_text()):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
-            time.sleep(0.2)
-        for pid in _children(proc.pid):
+        for pid in rank_pids(proc.pid):
             os.kill(pid, signum)
         _, err = proc.communicate(timeout=120)
     finally:
