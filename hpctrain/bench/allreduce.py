@@ -28,7 +28,7 @@ import torch
 from mpi4py import MPI
 
 from hpctrain import comm as comm_lib
-from hpctrain.bench.report import print_rows
+from hpctrain.bench.report import run_mpi_bench
 from hpctrain.comm.progress import run
 from hpctrain.topology import Topology
 
@@ -179,12 +179,10 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
+def header(args, comm, rows) -> str:
+    return (f"allreduce: {comm.Get_size()} ranks, ranks_per_node={args.ranks_per_node or 'real'}, "
+            f"median of {args.iters} (after {args.warmup} warm-up), 1-min load {{load}}")
+
+
 def main(argv) -> int:
-    args = parse_args(argv)
-    comm = MPI.COMM_WORLD
-    torch.set_num_threads(1)
-    rows = measure(args, comm)
-    print_rows(comm, f"allreduce: {comm.Get_size()} ranks, ranks_per_node={args.ranks_per_node or 'real'}, "
-                     f"median of {args.iters} (after {args.warmup} warm-up), 1-min load {{load}}",
-               format_table(rows) if comm.Get_rank() == 0 else "", rows, args.json)
-    return 0
+    return run_mpi_bench(argv, parse_args, measure, format_table, header)

@@ -34,7 +34,7 @@ from mpi4py import MPI
 from torch import nn
 
 from hpctrain.bench.allreduce import init_gloo
-from hpctrain.bench.report import print_rows
+from hpctrain.bench.report import run_mpi_bench
 from hpctrain.config import CommConfig
 from hpctrain.models import build_model
 from hpctrain.topology import Topology
@@ -225,13 +225,11 @@ def parse_args(argv):
     return args
 
 
+def header(args, comm, rows) -> str:
+    return (f"step: {comm.Get_size()} ranks, batch {args.batch}/rank, SGD momentum, synthetic data; "
+            f"median of {args.rounds} rounds of {args.steps} steps, contenders interleaved; "
+            f"x DDP = median of paired ratios; 1-min load {{load}}")
+
+
 def main(argv) -> int:
-    args = parse_args(argv)
-    comm = MPI.COMM_WORLD
-    torch.set_num_threads(1)
-    rows = measure(args, comm)
-    print_rows(comm, f"step: {comm.Get_size()} ranks, batch {args.batch}/rank, SGD momentum, synthetic data; "
-                     f"median of {args.rounds} rounds of {args.steps} steps, contenders interleaved; "
-                     f"x DDP = median of paired ratios; 1-min load {{load}}",
-               format_table(rows) if comm.Get_rank() == 0 else "", rows, args.json)
-    return 0
+    return run_mpi_bench(argv, parse_args, measure, format_table, header)

@@ -26,7 +26,7 @@ import time
 import torch
 from mpi4py import MPI
 
-from hpctrain.bench.report import print_rows
+from hpctrain.bench.report import run_mpi_bench
 from hpctrain.models import build_model
 from hpctrain.ops.metrics import StepTimer
 from hpctrain.topology import Topology
@@ -143,15 +143,13 @@ def parse_args(argv):
     return args
 
 
+def header(args, comm, rows) -> str:
+    mb = rows[0]["n_params"] * 4 / 2**20
+    return (f"sync: {args.model} ({rows[0]['n_params'] / 1e6:.2f} M parameters, {mb:.1f} MiB of fp32 "
+            f"gradients), {comm.Get_size()} ranks, batch {args.batch}/rank at {args.image_size} px, "
+            f"{args.strategy}/{args.compression}, overlap={args.overlap}; median of {args.repeats} "
+            f"runs of {args.steps} steps, 1-min load {{load}}")
+
+
 def main(argv) -> int:
-    args = parse_args(argv)
-    comm = MPI.COMM_WORLD
-    torch.set_num_threads(1)
-    rows = measure(args, comm)
-    if comm.Get_rank() == 0:
-        mb = rows[0]["n_params"] * 4 / 2**20
-        print_rows(comm, f"sync: {args.model} ({rows[0]['n_params'] / 1e6:.2f} M parameters, {mb:.1f} MiB of fp32 "
-                         f"gradients), {comm.Get_size()} ranks, batch {args.batch}/rank at {args.image_size} px, "
-                         f"{args.strategy}/{args.compression}, overlap={args.overlap}; median of {args.repeats} "
-                         f"runs of {args.steps} steps, 1-min load {{load}}", format_table(rows), rows, args.json)
-    return 0
+    return run_mpi_bench(argv, parse_args, measure, format_table, header)
