@@ -77,7 +77,9 @@ def allreduce_metrics(metrics: dict, comm: MPI.Comm, average: bool = True) -> di
 def shard_loader(directory: str, topology: Topology, batch_size: int, *, split: str = "train",
                  seed: int = 0, **options) -> ShardLoader:
     """Per-rank training batches of ``batch_size`` (per rank) from any shard directory."""
-    shards = ShardSet(read_index(directory), split, comm=topology.comm)   # checksums checked together
+    # checksums checked together over the ranks; files read per rank (serial driver), so a script
+    # that never closes the loader leaves nothing collective to tear down at exit
+    shards = ShardSet(read_index(directory), split, comm=topology.comm, driver="serial")
     shards.check()
     return ShardLoader(shards, rank=topology.rank, size=topology.size, batch_size=batch_size,
                        seed=seed, **options)
@@ -85,5 +87,5 @@ def shard_loader(directory: str, topology: Topology, batch_size: int, *, split: 
 
 def shard_eval_batches(directory: str, topology: Topology, batch_size: int = 256, split: str = "test"):
     """This rank's contiguous share of an evaluation split."""
-    shards = ShardSet(read_index(directory), split, comm=topology.comm)
+    shards = ShardSet(read_index(directory), split, comm=topology.comm, driver="serial")
     return eval_batches(shards, rank=topology.rank, size=topology.size, batch_size=batch_size)
