@@ -9,7 +9,7 @@ import sys
 
 from data_tools.sources import (MAX_CLASSES, MAX_SAMPLE_BYTES, SOURCES, STORE_DTYPES, SourceError, cast_source,
                                 check_sample_bytes, register_all)
-from hpctrain.data.shards import ShardError
+from hpctrain.data.index import ShardError
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,7 +12,8 @@ import os
 import numpy as np
 
 from hpctrain.data.images import decode_batch
-from hpctrain.data.shards import ShardError, ShardSet, read_index
+from hpctrain.data.index import ShardError, read_index
+from hpctrain.data.shards import ShardSet
 
 
 def _readable(fn):

@@ -21,7 +21,7 @@ import numpy as np
 
 from data_tools.sources import Source, SourceError, check_sample_bytes, from_arrays
 from hpctrain.data.plan import block_range
-from hpctrain.data.shards import INDEX, file_sha256, shard_name, write_index
+from hpctrain.data.index import INDEX, file_sha256, shard_name, write_index
 from hpctrain.data.shardwriter import ShardWriter
 from hpctrain.errors import UserError
 from hpctrain.fileio import atomic_write_text

@@ -38,7 +38,7 @@ from mpi4py import MPI
 
 from hpctrain.data import ShardLoader, ShardSet, read_index
 from hpctrain.data.noderead import NodeReader
-from hpctrain.data.shards import INDEX, write_index
+from hpctrain.data.index import INDEX, write_index
 from hpctrain.data.shardwriter import ShardWriter
 from hpctrain.topology import Topology
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 from hpctrain.data.augment import KINDS, Augment
 from hpctrain.data.hdf5 import DRIVERS
 from hpctrain.data.loader import ShardLoader
-from hpctrain.data.shards import ShardError, ShardIndex, ShardSet
+from hpctrain.data.index import ShardError, ShardIndex
+from hpctrain.data.shards import ShardSet
 from hpctrain.errors import ConfigError
 
 READERS = ("rank", "node")

@@ -26,7 +26,7 @@ import numpy as np
 from mpi4py import MPI
 
 from hpctrain.data.images import decode_batch
-from hpctrain.data.shards import ShardError
+from hpctrain.data.index import ShardError
 
 SEQ_STRIDE = 1 << 32
 _ALIGN = 64

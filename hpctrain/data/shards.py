@@ -1,24 +1,5 @@
-"""The HDF5 shard format (version 2; version 1 is read too): the index, validation, reads.
-
-A dataset is a directory::
-
-    index.json                     written last, atomically; its presence means "complete"
-    train-00000-of-00004.h5 …      one file per shard and split
-
-``index.json`` holds ``format`` ("hpctrain-shards"), ``version`` (2), ``sample_shape``, ``dtype``,
-``num_classes``, ``class_names``, ``normalize`` ({"mean": [...], "std": [...]} per channel, in raw
-units, from the train split) and ``splits``: ``{"train": {"num_samples": N, "shards": [{"file",
-"num_samples", "sha256"}, …]}, …}``. Each shard file holds datasets ``x`` (N, *sample_shape) and
-``y`` (N,) int64, with attributes ``format``, ``version``, ``split``, ``shard``. A ``file`` is a
-relative path that stays inside the directory (lexically: not absolute, no ``..``); symlinks in
-the directory are followed, as its owner may assemble a dataset from several file systems.
-
-Version 2 adds ``encoding``: ``"raw"`` (the v1 layout; a v1 index means raw) or ``"jpeg"``, where
-``x`` is (N,) variable-length uint8 (h5py ``vlen_dtype``), one encoded image per sample, and
-``sample_shape``/``dtype`` describe the *decoded* sample the loader produces (``images.py``).
-Files are written by ``shardwriter.py``. Samples are addressed by a global index per split;
-:meth:`ShardSet.read_range` turns a contiguous index range into one slice per shard touched —
-never per-sample reads.
+"""Reading one split of a shard directory (format: :mod:`hpctrain.data.index`): validation of
+each file against the index, contiguous reads, integrity.
 
 Integrity (``ShardSet(verify=…)``, default ``"shared"``): no byte of a shard is used before the
 whole file's SHA-256 has matched the index. With a communicator the check runs when the set is
@@ -45,141 +26,20 @@ and HDF5 checks its own structures).
 from __future__ import annotations
 
 import atexit
-import hashlib
-import json
 import os
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import h5py
 import numpy as np
 
 from hpctrain.data.direct import DirectExtent
 from hpctrain.data.hdf5 import choose_driver, open_read
-from hpctrain.errors import LocalUserError
-from hpctrain.fileio import atomic_write_text
+from hpctrain.data.index import ShardError, ShardIndex, file_sha256
 
-FORMAT = "hpctrain-shards"
-VERSION = 2
-READABLE_VERSIONS = (1, 2)
-ENCODINGS = ("raw", "jpeg")
-INDEX = "index.json"
 VERIFY_MODES = ("shared", "node", "off")
 HASH_THREADS = max(1, min(4, os.cpu_count() or 1))   # files hashed at once by one process (no comm, 1 rank)
-
-
-class ShardError(LocalUserError):
-    """A shard directory or file is missing, truncated, changed or inconsistent (message names the file).
-
-    Raised on every rank at once by the collective checksum pass; raised by one rank alone when
-    its reads find it (a label out of range, a file cut short after the check, a set opened
-    without a communicator).
-    """
-
-
-def shard_name(split: str, i: int, n: int) -> str:
-    return f"{split}-{i:05d}-of-{n:05d}.h5"
-
-
-def file_sha256(path: str) -> str:
-    with open(path, "rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
-
-
-def write_index(directory: str, meta: dict) -> None:
-    meta = {"format": FORMAT, "version": VERSION, **meta}
-    atomic_write_text(os.path.join(directory, INDEX), json.dumps(meta, indent=1))
-
-
-@dataclass(frozen=True)
-class ShardIndex:
-    directory: str
-    sample_shape: tuple
-    dtype: str
-    num_classes: int
-    class_names: list
-    normalize: dict
-    splits: dict
-    encoding: str = "raw"
-
-    def num_samples(self, split: str) -> int:
-        return int(self.split(split)["num_samples"])
-
-    def split(self, split: str) -> dict:
-        if split not in self.splits:
-            raise ShardError(f"{os.path.join(self.directory, INDEX)}: no split {split!r} "
-                             f"(has {', '.join(self.splits)})")
-        return self.splits[split]
-
-
-def read_index(directory: str) -> ShardIndex:
-    """Load and check ``DIR/index.json``; every problem is one ShardError line naming the file."""
-    path = os.path.join(directory, INDEX)
-    if not os.path.isdir(directory):
-        raise ShardError(f"{directory}: shard directory not found")
-    if not os.path.exists(path):
-        raise ShardError(f"{path}: missing (not a shard directory, or conversion did not finish)")
-    try:
-        with open(path) as fh:
-            meta = json.load(fh)
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ShardError(f"{path}: unreadable index ({exc})") from None
-    if meta.get("format") != FORMAT:
-        raise ShardError(f"{path}: field 'format' is {meta.get('format')!r}, expected {FORMAT!r}")
-    if meta.get("version") not in READABLE_VERSIONS:
-        raise ShardError(f"{path}: field 'version' is {meta.get('version')!r}, this hpctrain reads "
-                         f"{', '.join(map(str, READABLE_VERSIONS))}")
-    if meta.get("encoding", "raw") not in ENCODINGS:
-        raise ShardError(f"{path}: field 'encoding' is {meta.get('encoding')!r}, expected one of {ENCODINGS}")
-    for key in ("sample_shape", "dtype", "num_classes", "splits"):
-        if key not in meta:
-            raise ShardError(f"{path}: missing field {key!r}")
-    if not isinstance(meta["splits"], dict):
-        raise ShardError(f"{path}: field 'splits' is {type(meta['splits']).__name__}, expected an object")
-    for name, sp in meta["splits"].items():
-        _check_split(path, name, sp)
-    return ShardIndex(directory=directory, sample_shape=tuple(meta["sample_shape"]), dtype=meta["dtype"],
-                      num_classes=int(meta["num_classes"]), class_names=list(meta.get("class_names", [])),
-                      normalize=meta.get("normalize", {}), splits=meta["splits"],
-                      encoding=meta.get("encoding", "raw"))
-
-
-def _check_split(path: str, name: str, sp) -> None:
-    """One split of the index: counts add up, every entry complete, every ``file`` inside the directory."""
-    where = f"{path}: split {name!r}"
-    if not isinstance(sp, dict):
-        raise ShardError(f"{where}: expected an object with 'num_samples' and 'shards'")
-    for key, ok, what in (("num_samples", _is_count, "a count"), ("shards", lambda v: isinstance(v, list), "a list")):
-        if key not in sp:
-            raise ShardError(f"{where}: missing field {key!r}")
-        if not ok(sp[key]):
-            raise ShardError(f"{where}: field {key!r} is {sp[key]!r:.40}, expected {what}")
-    for k, e in enumerate(sp["shards"]):
-        field = f"{where} shard {k}"
-        if not isinstance(e, dict):
-            raise ShardError(f"{field}: expected an object with 'file', 'num_samples', 'sha256'")
-        for key in ("file", "num_samples", "sha256"):
-            if key not in e:
-                raise ShardError(f"{field}: missing field {key!r}")
-        f = e["file"]
-        parts = f.replace("\\", "/").split("/") if isinstance(f, str) else []
-        if not f or not isinstance(f, str) or os.path.isabs(f) or ".." in parts or "\0" in f or f.strip("./") == "":
-            raise ShardError(f"{field}: field 'file' is {f!r}: must be a relative path inside the shard "
-                             f"directory (not absolute, no '..')")
-        if not _is_count(e["num_samples"]):
-            raise ShardError(f"{field}: field 'num_samples' is {e['num_samples']!r}, expected a count")
-        if not (isinstance(e["sha256"], str) and len(e["sha256"]) == 64
-                and all(c in "0123456789abcdefABCDEF" for c in e["sha256"])):
-            raise ShardError(f"{field}: field 'sha256' is {e['sha256']!r}, expected 64 hex digits")
-    counted = sum(e["num_samples"] for e in sp["shards"])
-    if counted != sp["num_samples"]:
-        raise ShardError(f"{where} says {sp['num_samples']} samples, shards hold {counted}")
-
-
-def _is_count(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
 class ShardSet:

@@ -7,7 +7,7 @@ import os
 import h5py
 import numpy as np
 
-from hpctrain.data.shards import FORMAT, VERSION, ShardError, file_sha256, shard_name
+from hpctrain.data.index import FORMAT, VERSION, ShardError, file_sha256, shard_name
 from hpctrain.fileio import commit, discard, temp_path
 
 

@@ -7,7 +7,7 @@ from data_tools.sources import from_arrays
 from data_tools.writer import convert
 from hpctrain.data import ShardLoader, ShardSet, read_index
 from hpctrain.data.augment import Augment
-from hpctrain.data.shards import write_index
+from hpctrain.data.index import write_index
 from hpctrain.data.shardwriter import write_shard
 
 N = 211

@@ -106,7 +106,7 @@ def test_index_count_mismatch(npz_dataset):
 
 def _rehash(d):
     """Record the files' current SHA-256 in the index: the structural checks behind the checksum run."""
-    from hpctrain.data.shards import file_sha256
+    from hpctrain.data.index import file_sha256
     meta = json.load(open(os.path.join(d, "index.json")))
     for sp in meta["splits"].values():
         for e in sp["shards"]:
