@@ -238,6 +238,7 @@ class GradSync:
         self._setup()
         self._bucket_of = {id(p): b.index for b in self.buckets for p in b.params}
         self._pending: dict[int, Pending] = {}
+        self.blocking_round = False     # finish() starts the whole round and waits at once
         self.on_start = []      # callbacks f(bucket_index) when a bucket starts (emulated link delay)
         self._seen = set()                       # ids of params whose grad is ready this round
         self._n_ready = [0] * len(self.buckets)
@@ -353,8 +354,16 @@ class GradSync:
         Returns the overflow flag: True if any mean holds inf/NaN, identical on every rank.
         The means stay readable in ``bucket.result`` until the next round starts; without
         ``scatter``, ``p.grad`` keeps this rank's own gradients (:meth:`scatter_means` later).
+
+        A round that nothing started before (no overlap hooks, no :meth:`begin`) is started
+        here with ``blocking_round`` set: a strategy may then use blocking collectives, since
+        every rank starts every bucket here, in the same order (``flat`` does).
         """
-        self.begin()
+        self.blocking_round = not self.overlap and not self._pending
+        try:
+            self.begin()
+        finally:
+            self.blocking_round = False
         found_inf = False
         for bucket in self.buckets:
             found_inf |= bool(self._pending.pop(bucket.index).wait())
@@ -371,7 +380,6 @@ class GradSync:
 
     def allreduce_grads(self) -> bool:
         """Replace every parameter's gradient by its mean over ranks; returns found_inf."""
-        self.begin()
         return self.finish(scatter=True)
 
     def close(self) -> None:

@@ -3,7 +3,10 @@
 Every rank is a peer. Per bucket, by size (:func:`hpctrain.comm.ring.mpi_choice`): MPI's
 ``Iallreduce`` for latency-bound buckets, MPI's ``Allreduce`` where Open MPI's tuned algorithms
 are faster, else the bandwidth-optimal ring (:mod:`hpctrain.comm.ring`) with the chosen wire
-codec (:func:`hpctrain.comm.compression.wire_codec`). All of them out of place: the mean lands
+codec (:func:`hpctrain.comm.compression.wire_codec`). In a round that only
+:meth:`~hpctrain.comm.base.GradSync.finish` starts (no overlap, no ``begin()``: SSGD's step),
+MPI's buckets take its faster blocking ``Allreduce``; every rank starts the same buckets in the
+same order there, so blocking cannot deadlock (``ring.ring_allreduce``). All of them out of place: the mean lands
 in ``bucket.out`` and the gradients in ``bucket.flat`` stay. Use it on one node without shared
 memory between ranks, or where the network is uniform. Compare ChainerMN's
 ``flat_communicator.py``.
@@ -38,7 +41,8 @@ class FlatSync(GradSync):
             bucket.encoded = True           # decoded into out by scatter, or on read
             return found
         return (yield from ring_allreduce(self._rings[i], self._comms[i], self._codecs[i],
-                                          bucket.flat, bucket.out, self.gather_scale))
+                                          bucket.flat, bucket.out, self.gather_scale,
+                                          blocking=self.blocking_round))
 
     def _methods(self) -> list[str]:
         return [ring.method if codec.name == "none" else f"{ring.method}/{codec.name}"

@@ -35,41 +35,9 @@ from mpi4py import MPI
 
 from hpctrain.comm.base import Bucket, GradSync
 from hpctrain.comm.compression import wire_codec
+from hpctrain.comm.fused import sum_into
 from hpctrain.comm.ring import RingBuffers, chunk_bounds, mpi_choice, ring_allreduce
 from hpctrain.comm.window import SharedWindow, aligned, layout
-
-CHUNK_ELEMS = 1 << 18
-"""Elements summed per step (1 MiB of fp32 out): with more than two local ranks the output chunk
-stays in L2 across the adds; smaller chunks measured slower (Python dispatch per chunk)."""
-
-
-def sum_into(srcs, out: torch.Tensor, scale: float = 1.0, chunk: int = CHUNK_ELEMS, copies=(),
-             check: bool = False) -> bool:
-    """``out = scale * sum(srcs)``, element-wise, in fixed order, chunk by chunk; each chunk is
-    also copied into every tensor of ``copies`` while it is in cache. With ``check``, returns
-    whether ``out`` holds inf/NaN (a sum per chunk, also in cache)."""
-    n = out.numel()
-    sums = torch.empty(-(-n // chunk), dtype=torch.float64) if check else None
-    for k, lo in enumerate(range(0, n, chunk)):
-        hi = min(lo + chunk, n)
-        o = out[lo:hi]
-        if len(srcs) == 1:
-            if scale != 1.0:
-                torch.mul(srcs[0][lo:hi], scale, out=o)
-            elif srcs[0] is not out:
-                o.copy_(srcs[0][lo:hi])
-        else:
-            torch.add(srcs[0][lo:hi], srcs[1][lo:hi], out=o)
-            for s in srcs[2:]:
-                o.add_(s[lo:hi])
-            if scale != 1.0:
-                o.mul_(scale)
-        for c in copies:
-            c[lo:hi].copy_(o)
-        if check:
-            sums[k] = o.sum()
-    return check and n > 0 and not bool(torch.isfinite(sums.sum()))
-
 
 def nodes_share_memory(topo) -> bool:
     """Do the ranks of every node share memory? Collective, the same answer on every rank."""

@@ -15,12 +15,15 @@ Below ``SMALL_BYTES`` a full-precision buffer goes by ``Iallreduce``: there the 
 latencies of the ring cost more than the bandwidth saved. Strategies keep such buckets
 uncompressed (4 KiB through the fp16 ring measured ~0.45 ms against ~0.05 ms). Up to
 ``MPI_MAX_BYTES`` a full-precision buffer goes by MPI's own allreduce (faster there):
-:func:`mpi_choice`. Always its non-blocking ``Iallreduce``, in the overlapped and the blocking
-path alike (the same bytes either way): a rank blocked inside a collective cannot advance the
-other buckets' rings and node barriers, which are driven from Python, and a peer waiting on one
-of those would never reach the collective — a deadlock MPICH showed at 4 ranks on 2 emulated
-nodes. ``Iallreduce`` + wait costs what ``Allreduce`` costs here (2 ranks, Open MPI 4.1: 4 MiB
-1.63 ms both, 25 MiB 11.7 vs 13.4 ms).
+:func:`mpi_choice`. Its non-blocking ``Iallreduce`` wherever reductions run concurrently (a
+bucket started by an overlap hook or ``begin()``, and always inside ``hierarchical``): a rank
+blocked inside a collective cannot advance the other buckets' rings and node barriers, which are
+driven from Python, and a peer waiting on one of those would never reach the collective — a
+deadlock MPICH showed at 4 ranks on 2 emulated nodes. Its blocking ``Allreduce`` where ``flat``
+starts a round only to wait for it (``blocking=True``): Open MPI 4.1's tuned blocking
+algorithms beat libnbc's ``Iallreduce`` (2 ranks here: 4 MiB 1.1 vs 2.0 ms, 16 MiB 6.0 vs
+8.4 ms), and both give the same bytes (checked at 4 ranks under Open MPI and MPICH, and by
+``tests/mpi/test_comm_overlap.py``).
 """
 from __future__ import annotations
 
@@ -28,8 +31,9 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from hpctrain.comm.fused import nonfinite, scale_and_check
+
 SMALL_BYTES = 64 * 1024
-SMALL_ELEMS = 1 << 14
 MPI_MAX_BYTES = 32 * 2**20
 """Full-precision buffers up to this size go through MPI's allreduce instead of the
 ring (:func:`mpi_choice`), in the spirit of Open MPI's own size-based decision rules. Measured
@@ -41,21 +45,6 @@ TAG_SCATTER, TAG_GATHER = 11, 12
 def chunk_bounds(n_elems: int, n_parts: int) -> list[int]:
     """Boundaries of ``n_parts`` near-equal contiguous chunks (mpi4py-fft ``_blockdist`` idea)."""
     return [n_elems * i // n_parts for i in range(n_parts + 1)]
-
-
-def nonfinite(t: torch.Tensor) -> bool:
-    """Does ``t`` hold inf or NaN?
-
-    Small tensors: NumPy ``isfinite`` (2 us for 1 K elements where a torch reduction costs 15 us
-    of dispatch). Large: one vectorised fp32 ``sum`` pass - inf and NaN propagate through it -
-    measured ~1.7x cheaper than ``aminmax`` and far cheaper than ``isfinite(t).all()`` (which
-    materialises a bool tensor). A finite tensor could only be misreported if its sum exceeded
-    3.4e38 (mean |value| above 4e31 for 8 M elements): a skipped step at worst, never a missed inf.
-    """
-    if t.numel() <= SMALL_ELEMS:
-        return not bool(np.isfinite(t.detach().numpy()).all())
-    total = t.sum(dtype=torch.float32) if t.dtype == torch.float16 else t.sum()
-    return not bool(torch.isfinite(total))
 
 
 def _msg(t: torch.Tensor):
@@ -90,7 +79,7 @@ class RingBuffers:
 
 
 def ring_allreduce(buf: RingBuffers, comm: MPI.Comm, codec, src: torch.Tensor, dst: torch.Tensor,
-                   scale: float = 1.0):
+                   scale: float = 1.0, blocking: bool = False):
     """Generator: ``dst <- scale * sum over comm of src``, in the codec's wire format; returns the
     overflow flag (inf/NaN in the result), the same on every rank.
 
@@ -101,22 +90,29 @@ def ring_allreduce(buf: RingBuffers, comm: MPI.Comm, codec, src: torch.Tensor, d
     over 1/n of the buffer while it is in cache, instead of a pass over all of it).
     ``comm`` should carry no other traffic while this runs (each bucket gets its own ``Dup``),
     so messages of concurrently running rings cannot match each other.
+
+    ``blocking`` (a buffer :func:`mpi_choice` gives to MPI): call MPI's blocking ``Allreduce``
+    instead of posting ``Iallreduce`` (Open MPI 4.1's tuned blocking algorithms are up to 2x
+    faster than libnbc's). Only for a caller that would wait at once and whose every rank makes
+    the same choice for this bucket (blocking and non-blocking collectives do not match each
+    other), and never while a peer may need this rank's Python-driven progress elsewhere first
+    (module docstring): :class:`hpctrain.comm.flat.FlatSync` in a round that no hook and no
+    ``begin()`` started.
     """
     n, r = comm.Get_size(), comm.Get_rank()
     if src.numel() == 0:
         return False
     if n == 1:
-        if scale != 1.0:
-            torch.mul(src, scale, out=dst)
-        elif dst is not src:
+        if dst is not src:
             dst.copy_(src)
-        return nonfinite(dst)
+        return scale_and_check(dst, scale)
     if buf.method != "ring":            # every rank holds MPI's identical result
         send = MPI.IN_PLACE if src.data_ptr() == dst.data_ptr() else src.detach().numpy()
-        yield [comm.Iallreduce(send, dst.detach().numpy(), op=MPI.SUM)]     # never block: see above
-        if scale != 1.0:
-            dst.mul_(scale)
-        return nonfinite(dst)
+        if blocking:
+            comm.Allreduce(send, dst.detach().numpy(), op=MPI.SUM)
+        else:
+            yield [comm.Iallreduce(send, dst.detach().numpy(), op=MPI.SUM)]
+        return scale_and_check(dst, scale)
     bounds, right, left = buf.bounds, (r + 1) % n, (r - 1) % n
 
     def part(i):

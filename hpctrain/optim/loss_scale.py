@@ -117,7 +117,7 @@ def all_finite(tensors: Iterable) -> bool:
     propagate through sums. On CPU this is the cheapest full pass measured (ResNet-50's 25.6 M
     weights, one thread: sums 13 ms, ``_foreach_norm`` order 2 15 ms, order 1 51 ms, order inf
     172 ms, ``isfinite().all()`` per tensor slower still: it materialises a bool tensor). As in
-    ``hpctrain.comm.ring.nonfinite``, finite values count as non-finite only if a sum exceeds
+    ``hpctrain.comm.fused.nonfinite``, finite values count as non-finite only if a sum exceeds
     fp32's 3.4e38 - weights of ~1e31 on average, a run that has diverged anyway.
     """
     sums = [t.sum(dtype=torch.float32) if t.dtype in (torch.float16, torch.bfloat16) else t.sum()

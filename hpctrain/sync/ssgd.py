@@ -134,8 +134,7 @@ class SSGD:
         with self.timer.span("backward"):
             (loss * self.scaler.scale if self.scaler else loss).backward()
         with self.timer.span("allreduce"):
-            self.sync.begin()
-            overflow = bool(self.sync.finish(scatter=False))   # p.grad: still this rank's own
+            overflow = bool(self.sync.finish(scatter=False))   # starts the round; p.grad: still this rank's own
             if not overflow:
                 self.sync.scatter_means()                      # p.grad: views of the means
         scale = self.scaler.scale if self.scaler else 1.0

@@ -97,3 +97,29 @@ def test_second_backward_before_finish(strategy, closer):
         comm.Allreduce(MPI.IN_PLACE, want)
         torch.testing.assert_close(p.grad, torch.from_numpy(want) / comm.Get_size(),
                                    rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("overlap", [False, True])
+def test_only_a_round_finish_starts_is_blocking(overlap, closer):
+    """flat may use MPI's blocking Allreduce only where every rank starts every bucket in
+    finish(): never for buckets started by hooks or by begin() (they run concurrently)."""
+    topo = closer(Topology.create(MPI.COMM_WORLD))
+    model, data = model_and_data(topo.rank)
+    sync = closer(comm_lib.create("flat", model.parameters(), topo, bucket_bytes=8 * 1024, overlap=overlap))
+    seen = []
+    reduce = sync.reduce_bucket
+
+    def spy(bucket):
+        seen.append(sync.blocking_round)
+        return reduce(bucket)
+    sync.reduce_bucket = spy
+    x, y = data[0]
+    backward(model, x, y)
+    sync.allreduce_grads()
+    assert seen and seen == [not overlap] * len(sync.buckets)
+    seen.clear()
+    backward(model, x, y)
+    sync.begin()
+    sync.finish()
+    assert seen == [False] * len(sync.buckets)

@@ -1,0 +1,70 @@
+"""Element-wise passes over gradient buffers after a reduction: the scale to the mean, the
+inf/NaN check, copies into other ranks' outputs.
+
+:func:`sum_into` does them chunk by chunk while a chunk is in L2: worth it where several
+sources are read from memory (the hierarchical node level). :func:`scale_and_check` keeps two
+whole-tensor passes over a buffer a reduction has just written (still in cache).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+SMALL_ELEMS = 1 << 14
+
+
+def nonfinite(t: torch.Tensor) -> bool:
+    """Does ``t`` hold inf or NaN?
+
+    Small tensors: NumPy ``isfinite`` (2 us for 1 K elements where a torch reduction costs 15 us
+    of dispatch). Large: one vectorised fp32 ``sum`` pass - inf and NaN propagate through it -
+    measured ~1.7x cheaper than ``aminmax`` and far cheaper than ``isfinite(t).all()`` (which
+    materialises a bool tensor). A finite tensor could only be misreported if its sum exceeded
+    3.4e38 (mean |value| above 4e31 for 8 M elements): a skipped step at worst, never a missed inf.
+    """
+    if t.numel() <= SMALL_ELEMS:
+        return not bool(np.isfinite(t.detach().numpy()).all())
+    total = t.sum(dtype=torch.float32) if t.dtype == torch.float16 else t.sum()
+    return not bool(torch.isfinite(total))
+
+
+CHUNK_ELEMS = 1 << 18
+"""Elements summed per step (1 MiB of fp32 out): with more than two local ranks the output chunk
+stays in L2 across the adds; smaller chunks measured slower (Python dispatch per chunk)."""
+
+
+def sum_into(srcs, out: torch.Tensor, scale: float = 1.0, chunk: int = CHUNK_ELEMS, copies=(),
+             check: bool = False) -> bool:
+    """``out = scale * sum(srcs)``, element-wise, in fixed order, chunk by chunk; each chunk is
+    also copied into every tensor of ``copies`` while it is in cache. With ``check``, returns
+    whether ``out`` holds inf/NaN (a sum per chunk, also in cache)."""
+    n = out.numel()
+    sums = torch.empty(-(-n // chunk), dtype=torch.float64) if check else None
+    for k, lo in enumerate(range(0, n, chunk)):
+        hi = min(lo + chunk, n)
+        o = out[lo:hi]
+        if len(srcs) == 1:
+            if scale != 1.0:
+                torch.mul(srcs[0][lo:hi], scale, out=o)
+            elif srcs[0] is not out:
+                o.copy_(srcs[0][lo:hi])
+        else:
+            torch.add(srcs[0][lo:hi], srcs[1][lo:hi], out=o)
+            for s in srcs[2:]:
+                o.add_(s[lo:hi])
+            if scale != 1.0:
+                o.mul_(scale)
+        for c in copies:
+            c[lo:hi].copy_(o)
+        if check:
+            sums[k] = o.sum()
+    return check and n > 0 and not bool(torch.isfinite(sums.sum()))
+
+
+def scale_and_check(t: torch.Tensor, scale: float = 1.0) -> bool:
+    """``t *= scale`` in place, then: does ``t`` hold inf/NaN? Two whole-tensor passes: right
+    after a reduction the tensor is still in L3, where they measured faster than the chunked
+    :func:`sum_into` (16 MiB, one thread: 0.75 against 1.15 ms; Python dispatch per chunk)."""
+    if scale != 1.0:
+        t.mul_(scale)
+    return nonfinite(t)
