@@ -3,9 +3,13 @@
     mpiexec -n 2 .venv/bin/python -m hpctrain bench allreduce [--sizes 4K,64M] [--iters 10]
             [--ranks-per-node K] [--json FILE]
 
-For each fp32 payload size: mpi4py ``Allreduce`` in place on a NumPy buffer (the baseline),
+For each fp32 payload size: mpi4py ``Allreduce`` in place on a NumPy buffer (the baseline;
+``+mean`` adds the division by the world size and the inf/NaN check every strategy does),
 hpctrain ``flat`` and ``hierarchical`` with compression ``none`` and ``fp16``, and
-``torch.distributed`` gloo (the peer). Only the collective is timed: the data is already in the
+``torch.distributed`` gloo (the peer). Scope ``whole``: the strategy's ``allreduce_grads()`` as
+a training step calls it (``p.grad`` already the bucket's view). Scope ``floor`` (one node,
+several ranks): the memory traffic of the node-level sum alone, no synchronisation, the bound
+``hierarchical`` cannot beat on one host. Scope ``collective``: the data is already in the
 bucket, put there by the strategy's own gather (the copy every strategy needs, pre-dividing;
 for ``hierarchical`` into the shared window; for fp16 a pack into the half-precision buffer,
 which replaces that copy), and the mean is left where the strategy leaves it (in place; fp16
@@ -29,6 +33,7 @@ from mpi4py import MPI
 
 from hpctrain import comm as comm_lib
 from hpctrain.bench.report import run_mpi_bench
+from hpctrain.comm.fused import scale_and_check
 from hpctrain.comm.progress import run
 from hpctrain.topology import Topology
 
@@ -80,11 +85,53 @@ def case_mpi4py(comm, src):
             lambda: np.copyto(buf, src.numpy())), None
 
 
+def case_mpi4py_mean(comm, src):
+    """MPI's Allreduce plus what any framework adds to it: the mean (a ``mul_``) and the inf/NaN
+    check. The floor of a strategy that hands a bucket to MPI."""
+    buf, scale = src.clone(), 1.0 / comm.Get_size()
+
+    def op():
+        comm.Allreduce(MPI.IN_PLACE, buf.numpy(), op=MPI.SUM)
+        scale_and_check(buf, scale)
+    return (op, lambda: buf.copy_(src)), None
+
+
+def case_memory_floor(topo, src):
+    """The memory traffic a node-level reduction cannot avoid, with no synchronisation: this
+    rank's 1/local_size slice of every local rank's input read (here: local copies), summed
+    into its output, and copied into the other local ranks' outputs. None off a single node."""
+    n, k = topo.local_size, src.numel() // max(topo.local_size, 1)
+    if topo.n_nodes != 1 or n < 2:
+        return None
+    ins = [src[:k].clone() for _ in range(n)]
+    outs = [torch.empty(k) for _ in range(n)]
+
+    def op():
+        torch.add(ins[0], ins[1], out=outs[0])
+        for t in ins[2:]:
+            outs[0].add_(t)
+        for o in outs[1:]:
+            o.copy_(outs[0])
+    return (op, lambda: None), None
+
+
+def case_whole(name, codec, topo, src):
+    """``allreduce_grads()`` as a training step calls it: ``p.grad`` is already the bucket's
+    view (bound by a first round), the refill writes the new gradient into it (as backward
+    does), and the timed call includes whatever gather, scale and scatter the strategy does."""
+    param = torch.nn.Parameter(torch.zeros(src.numel()))
+    param.grad = src.clone()
+    sync = comm_lib.create(name, [param], topo, bucket_bytes=src.numel() * 4, compression=codec)
+    sync.allreduce_grads()
+    return (sync.allreduce_grads, lambda: param.grad.copy_(src)), sync
+
+
 def case_strategy(name, codec, topo, src):
     param = torch.nn.Parameter(torch.zeros(src.numel()))
     param.grad = src
     sync = comm_lib.create(name, [param], topo, bucket_bytes=src.numel() * 4, compression=codec)
     bucket = sync.buckets[0]
+    sync.blocking_round = True      # as in allreduce_grads(): a round started only to wait for it
     # The refill is the strategy's own gather (a copy, or a copy that pre-divides).
     return (lambda: run(sync.reduce_bucket(bucket)),
             lambda: bucket.gather_grads(sync.gather_scale)), sync
@@ -117,11 +164,20 @@ def measure(args, comm) -> list[dict]:
     rng = np.random.default_rng(comm.Get_rank())
     for n_bytes in args.sizes:
         src = torch.from_numpy(rng.standard_normal(n_bytes // 4).astype(np.float32))
-        names = [("mpi4py", "none")] + [(s, c) for s in args.strategies for c in args.compressions]
-        built = [case_mpi4py(comm, src)]
-        built += [case_strategy(s, c, topo, src) for s, c in names[1:]]
+        pairs = [(s, c) for s in args.strategies for c in args.compressions]
+        names = [("mpi4py", "none", "collective"), ("mpi4py", "none", "+mean")]
+        built = [case_mpi4py(comm, src), case_mpi4py_mean(comm, src)]
+        names += [(s, c, "collective") for s, c in pairs]
+        built += [case_strategy(s, c, topo, src) for s, c in pairs]
+        if args.whole:
+            names += [(s, c, "whole") for s, c in pairs]
+            built += [case_whole(s, c, topo, src) for s, c in pairs]
+        floor = case_memory_floor(topo, src)
+        if floor is not None:
+            names.append(("memory", "none", "floor"))
+            built.append(floor)
         if dist is not None:
-            names.append(("gloo", "none"))
+            names.append(("gloo", "none", "collective"))
             built.append(case_gloo(dist, src))
         try:
             times = timed_round_robin(comm, [case for case, _ in built], args.iters, args.warmup)
@@ -129,9 +185,9 @@ def measure(args, comm) -> list[dict]:
             for _, sync in built:
                 if sync is not None:
                     sync.close()
-        for (impl, codec), t in zip(names, times):
+        for (impl, codec, scope), t in zip(names, times):
             algbw, busbw = bandwidths(n_bytes, t, n)
-            rows.append({"impl": impl, "compression": codec, "ranks_per_node": topo.local_size,
+            rows.append({"impl": impl, "compression": codec, "scope": scope, "ranks_per_node": topo.local_size,
                          "world_size": n, "bytes": n_bytes, "time_s": t,
                          "algbw_GBps": algbw, "busbw_GBps": busbw})
     if dist is not None:
@@ -142,15 +198,15 @@ def measure(args, comm) -> list[dict]:
 
 def format_table(rows) -> str:
     """One line per (size, impl): time, bandwidths, speed-up over mpi4py and over gloo."""
-    base = {(r["bytes"]): r["time_s"] for r in rows if r["impl"] == "mpi4py"}
+    base = {(r["bytes"]): r["time_s"] for r in rows if r["impl"] == "mpi4py" and r["scope"] == "collective"}
     gloo = {(r["bytes"]): r["time_s"] for r in rows if r["impl"] == "gloo"}
-    head = (f"{'bytes':>10} {'impl':<13} {'comp':<5} {'time_ms':>9} {'algbw':>7} {'busbw':>7} "
+    head = (f"{'bytes':>10} {'impl':<13} {'comp':<5} {'scope':<10} {'time_ms':>9} {'algbw':>7} {'busbw':>7} "
             f"{'x mpi4py':>9} {'x gloo':>7}")
     lines = [head, "-" * len(head)]
     for r in rows:
         t, b = r["time_s"], r["bytes"]
         vs_g = f"{gloo[b] / t:7.2f}" if b in gloo else f"{'-':>7}"
-        lines.append(f"{_human(b):>10} {r['impl']:<13} {r['compression']:<5} {t * 1e3:9.3f} "
+        lines.append(f"{_human(b):>10} {r['impl']:<13} {r['compression']:<5} {r['scope']:<10} {t * 1e3:9.3f} "
                      f"{r['algbw_GBps']:7.2f} {r['busbw_GBps']:7.2f} {base[b] / t:9.2f} {vs_g}")
     return "\n".join(lines)
 
@@ -175,6 +231,8 @@ def parse_args(argv):
                    type=lambda s: s.split(","))
     p.add_argument("--compressions", default="none,fp16", type=lambda s: s.split(","))
     p.add_argument("--no-gloo", action="store_true", help="skip the torch.distributed peer")
+    p.add_argument("--no-whole", dest="whole", action="store_false",
+                   help="skip the whole allreduce_grads() rows (gather + collective + scatter)")
     p.add_argument("--json", metavar="FILE", help="write the rows as a JSON list")
     return p.parse_args(argv)
 
