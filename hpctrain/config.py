@@ -144,7 +144,10 @@ class CommConfig:
     compression: str = opt("none", "wire compression: none | fp16", choices="hpctrain.comm:COMPRESSIONS")
     ranks_per_node: int = opt(0, "emulate K ranks per node (0: real nodes via COMM_TYPE_SHARED)", range=NON_NEGATIVE)
     bucket_mb: float = opt(25.0, "fusion bucket size in MB", range=Range(0, 65536, lo_open=True))
-    overlap: bool = opt(False, "start bucket allreduces during backward")
+    overlap: bool = opt(False, "start bucket allreduces during backward (off: measured faster on CPU "
+                        "hosts, README)")
+    tune: str = opt("measure", "per bucket, MPI's allreduce or the ring: measure (time both at start-up) "
+                    "| static (a fixed size rule)", choices="hpctrain.comm.tuner:TUNES")
 
 
 @dataclass

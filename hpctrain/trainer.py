@@ -44,7 +44,7 @@ class DistributedTrainer:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, topology: Topology, *,
                  strategy: str = "auto", compression: str = "none", bucket_mb: float = 25.0,
-                 overlap: bool = False, algorithm: str = "ssgd", algorithm_options: dict | None = None,
+                 overlap: bool = False, tune: str = "measure", algorithm: str = "ssgd", algorithm_options: dict | None = None,
                  schedule: ScheduleSpec | None = None, loss_fn: Callable | None = None,
                  compute: str = "fp32", scaler=None, timer: StepTimer | None = None, comm_delay_ms: float = 0.0,
                  broadcast_buffers: str = "finish"):
@@ -66,7 +66,7 @@ class DistributedTrainer:
                              "runs ~80x slower here); use bf16 on CPU")
         comm_lib.broadcast_module(model, topology.comm)
         self.sync = comm_lib.create(strategy, model.parameters(), topology, bucket_bytes=int(bucket_mb * 2**20),
-                                    compression=compression, overlap=overlap)
+                                    compression=compression, overlap=overlap, tune=tune)
         self.sync = comm_lib.with_comm_delay(self.sync, comm_delay_ms)   # emulated slow link (0: none)
         self.algo = sync_lib.create(algorithm, model, optimizer, self.sync, scaler=scaler, timer=timer,
                                     **(algorithm_options or {}))
@@ -79,7 +79,7 @@ class DistributedTrainer:
         ``[sync]`` and ``[precision]`` sections, and the loss of ``optim.label_smoothing``."""
         c, s = cfg.comm, cfg.sync
         return cls(model, optimizer, topology, strategy=c.strategy, compression=c.compression,
-                   bucket_mb=c.bucket_mb, overlap=c.overlap, algorithm=s.algorithm,
+                   bucket_mb=c.bucket_mb, overlap=c.overlap, tune=c.tune, algorithm=s.algorithm,
                    algorithm_options=sync_lib.algorithm_options(s), comm_delay_ms=s.comm_delay_ms,
                    schedule=schedule, loss_fn=make_criterion(cfg.optim.label_smoothing),
                    compute=cfg.precision.compute, scaler=LossScaler.from_config(cfg.precision), timer=timer)

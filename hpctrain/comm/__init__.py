@@ -6,9 +6,9 @@ strategy      when to use it
 ============  ==============================================================================
 auto          the default: ``hierarchical`` where some node holds more than one rank (and its
               ranks share memory), ``flat`` otherwise. ``describe()`` says what it chose.
-flat          every rank a peer, per fusion bucket by size: MPI ``Iallreduce`` up to 64 KiB,
-              MPI ``Allreduce`` up to 32 MiB (Open MPI's tuned algorithms win there), the
-              ring above (``ring.mpi_choice``). Use with one rank per node, on a uniform
+flat          every rank a peer, per fusion bucket: MPI's allreduce or the ring, by a size
+              rule (``ring.mpi_choice``: MPI up to 4 MiB) or measured at construction
+              (``tune="measure"``, ``comm.tuner``). Use with one rank per node, on a uniform
               network, or as the reference.
 hierarchical  many ranks per node: the node level sums through an MPI-3 shared-memory window
               (no messages), then one allreduce per slice across nodes. Use whenever nodes hold
@@ -80,7 +80,9 @@ def create(name: str, params, topology, **kwargs) -> GradSync:
     """Build the strategy called ``name`` (collective over ``topology.comm``).
 
     Keywords: ``bucket_bytes`` (fusion bucket size), ``compression`` (``none`` | ``fp16``),
-    ``overlap`` (start bucket reductions from gradient hooks during backward).
+    ``overlap`` (start bucket reductions from gradient hooks during backward), ``tune``
+    (``static``: MPI's allreduce or the ring by a fixed size rule, the default here;
+    ``measure``: time both per bucket now, :mod:`hpctrain.comm.tuner`; a job's default).
     A ValueError names the valid choices.
     """
     try:

@@ -48,6 +48,7 @@ import torch
 
 from hpctrain.comm import compression as compression_lib
 from hpctrain.comm import staging as staging_lib
+from hpctrain.comm import tuner
 from hpctrain.comm.progress import Pending
 from hpctrain.topology import Topology
 
@@ -223,7 +224,7 @@ class GradSync:
     name = "base"
 
     def __init__(self, params, topology: Topology, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 compression: str = "none", overlap: bool = False):
+                 compression: str = "none", overlap: bool = False, tune: str = "static"):
         self.params = [p for p in params if p.requires_grad]
         self.topo, self.comm = topology, topology.comm
         self.codec = compression_lib.get(compression)
@@ -233,6 +234,7 @@ class GradSync:
         # fp16 is pre-divided when packed (no overflow) before anything is rounded.
         self.gather_scale = 1.0 / self.comm.Get_size()
         self.overlap = bool(overlap)
+        self.tune = tuner.check_tune(tune)      # per-bucket MPI-or-ring: fixed rule or measured
         self._prepare(bucket_sizes(self.params, bucket_bytes))
         self.buckets = make_buckets(self.params, bucket_bytes, alloc=self._alloc)
         self._setup()
@@ -270,7 +272,8 @@ class GradSync:
         chosen = f" ({self.chosen_by})" if getattr(self, "chosen_by", "") else ""
         staged = [b.staging for b in self.buckets if b.staging is not None]
         where = f", {len(staged)} staged from {staged[0].describe()}" if staged else ""
-        return (f"{self.name}{chosen}, compression={self.codec.name}, overlap={self.overlap}, "
+        tuned = ", sizes measured" if self.tune == "measure" else ""
+        return (f"{self.name}{chosen}, compression={self.codec.name}, overlap={self.overlap}{tuned}, "
                 f"{len(self.buckets)} bucket(s) of {mib:.1f} MiB in all ({how or 'none'}); "
                 f"gradients live in the buckets{where}")
 

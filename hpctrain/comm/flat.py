@@ -1,19 +1,21 @@
 """Flat strategy: one allreduce per fusion bucket over the whole communicator.
 
-Every rank is a peer. Per bucket, by size (:func:`hpctrain.comm.ring.mpi_choice`): MPI's
-``Iallreduce`` for latency-bound buckets, MPI's ``Allreduce`` where Open MPI's tuned algorithms
-are faster, else the bandwidth-optimal ring (:mod:`hpctrain.comm.ring`) with the chosen wire
-codec (:func:`hpctrain.comm.compression.wire_codec`). In a round that only
-:meth:`~hpctrain.comm.base.GradSync.finish` starts (no overlap, no ``begin()``: SSGD's step),
-MPI's buckets take its faster blocking ``Allreduce``; every rank starts the same buckets in the
-same order there, so blocking cannot deadlock (``ring.ring_allreduce``). All of them out of place: the mean lands
-in ``bucket.out`` and the gradients in ``bucket.flat`` stay. Use it on one node without shared
-memory between ranks, or where the network is uniform. Compare ChainerMN's
-``flat_communicator.py``.
+Every rank is a peer. Per bucket: MPI's allreduce for latency-bound buckets and where MPI's
+tuned algorithms are faster, else the bandwidth-optimal ring (:mod:`hpctrain.comm.ring`) with
+the chosen wire codec (:func:`hpctrain.comm.compression.wire_codec`). Which one is a fixed size
+rule (``tune="static"``, :func:`hpctrain.comm.ring.mpi_choice`) or measured per bucket when the
+strategy is built (``tune="measure"``, a training job's default: :mod:`hpctrain.comm.tuner`).
+In a round that only :meth:`~hpctrain.comm.base.GradSync.finish` starts (no overlap, no
+``begin()``: SSGD's step), MPI's buckets take its faster blocking ``Allreduce``; every rank
+starts the same buckets in the same order there, so blocking cannot deadlock
+(``ring.ring_allreduce``). All of them out of place: the mean lands in ``bucket.out`` and the
+gradients in ``bucket.flat`` stay. Use it on one node without shared memory between ranks, or
+where the network is uniform. Compare ChainerMN's ``flat_communicator.py``.
 """
 from hpctrain.comm.base import Bucket, GradSync
 from hpctrain.comm.compression import wire_codec
-from hpctrain.comm.ring import RingBuffers, mpi_choice, ring_allreduce
+from hpctrain.comm import tuner
+from hpctrain.comm.ring import RingBuffers, ring_allreduce
 
 
 class FlatSync(GradSync):
@@ -23,15 +25,19 @@ class FlatSync(GradSync):
         # One communicator per bucket: rings of different buckets may be in flight together.
         self._comms = [self.comm.Dup() for _ in self.buckets]
         n = self.comm.Get_size()
-        self._codecs, self._rings = [], []
-        for b in self.buckets:
+        self._codecs, self._rings, verdicts = [], [], {}
+        for b, comm in zip(self.buckets, self._comms):
             n_bytes = b.n_elems * b.bufs[0].element_size()
             codec = wire_codec(self.codec, n_bytes, n)
             if codec.compresses:
                 b.wire, b.codec = codec.wire_buffer(b.n_elems), codec
             dtype = b.bufs[0].dtype if b.wire is None else b.wire.dtype
+            # measured on the bucket's own buffers (overwritten by the first round anyway), as
+            # a training step will call it: blocking unless overlapped
+            method = tuner.choose(comm, b.bufs[0], b.bufs[1], codec, self.gather_scale,
+                                  not self.overlap, self.tune, verdicts)
             self._codecs.append(codec)
-            self._rings.append(RingBuffers(b.n_elems, dtype, n, codec, mpi_choice(n_bytes, codec)))
+            self._rings.append(RingBuffers(b.n_elems, dtype, n, codec, method))
 
     def reduce_bucket(self, bucket: Bucket):
         i = bucket.index

@@ -34,11 +34,13 @@ from mpi4py import MPI
 from hpctrain.comm.fused import nonfinite, scale_and_check
 
 SMALL_BYTES = 64 * 1024
-MPI_MAX_BYTES = 32 * 2**20
-"""Full-precision buffers up to this size go through MPI's allreduce instead of the
-ring (:func:`mpi_choice`), in the spirit of Open MPI's own size-based decision rules. Measured
-with ``bench allreduce`` on 2 ranks (README): Open MPI 4.1's ``Allreduce`` is 1.3-4x faster
-than the ring from 256 KiB to 25 MiB, the ring ~1.1-1.9x faster at 64 MiB and above."""
+MPI_MAX_BYTES = 4 * 2**20
+"""Full-precision buffers up to this size go through MPI's allreduce instead of the ring
+(:func:`mpi_choice`, ``comm.tune = static``), in the spirit of Open MPI's own size-based
+decision rules. Measured on 2 and 4 ranks here with flat's blocking ``Allreduce`` plus the mean
+and inf/NaN check: MPI ahead up to 1 MiB, even at 2-4 MiB, the ring 1.5-2x ahead from 8 MiB
+(it folds the mean and the check into its last add). ``comm.tune = measure`` times both per
+bucket instead (:mod:`hpctrain.comm.tuner`)."""
 TAG_SCATTER, TAG_GATHER = 11, 12
 
 

@@ -1,0 +1,66 @@
+"""Per-bucket choice between MPI's allreduce and the ring, measured at start-up.
+
+Where MPI's own algorithms stop beating the ring depends on the MPI library, its tuning, the
+network, the number of ranks and how the call is made (blocking ``Allreduce`` or libnbc's
+``Iallreduce``): on this 2-core host it moved from 32 MiB to ~4 MiB when ``flat`` went from
+``Iallreduce`` to ``Allreduce`` plus the mean and the inf/NaN check. A fixed threshold
+(:data:`hpctrain.comm.ring.MPI_MAX_BYTES`, ``comm.tune = static``) is right only where it was
+measured. With ``comm.tune = measure`` (the default of a training job) every bucket of a
+strategy is timed both ways when the strategy is built, in the spirit of NCCL's tuner and Open
+MPI's decision rules, and takes the faster. The measurement is collective: each trial's time is
+the slowest rank's, so every rank decides alike.
+
+Cost: ``TRIALS`` timed runs of each method per distinct bucket size, after one untimed run
+(25 MiB buckets on 2 ranks here: ~0.2 s in all, once per job). Buckets below
+``ring.SMALL_BYTES`` (latency-bound, MPI's) and compressed ones (the ring only: MPI has no
+fp16 sum) are not measured.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+from mpi4py import MPI
+
+from hpctrain.comm.progress import run
+from hpctrain.comm.ring import SMALL_BYTES, RingBuffers, mpi_choice, ring_allreduce
+
+TUNES = ("static", "measure")
+TRIALS = 3
+
+
+def check_tune(tune: str) -> str:
+    if tune not in TUNES:
+        raise ValueError(f"comm.tune: unknown {tune!r} (choose from {', '.join(TUNES)})")
+    return tune
+
+
+def measured(comm: MPI.Comm, src, dst, codec, scale: float, blocking: bool, trials: int = TRIALS) -> dict:
+    """Median seconds (slowest rank) of ``ring_allreduce`` over ``comm`` of ``src`` into ``dst``
+    by each method, interleaved trial by trial. ``src`` is read, ``dst`` overwritten."""
+    n = comm.Get_size()
+    bufs = {m: RingBuffers(src.numel(), src.dtype, n, codec, m) for m in ("mpi", "ring")}
+    times = {m: [] for m in bufs}
+    for trial in range(trials + 1):
+        for m in (("mpi", "ring") if trial % 2 else ("ring", "mpi")):
+            comm.Barrier()
+            t0 = time.perf_counter()
+            run(ring_allreduce(bufs[m], comm, codec, src, dst, scale, blocking=blocking))
+            dt = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+            if trial:
+                times[m].append(dt)
+    return {m: statistics.median(t) for m, t in times.items()}
+
+
+def choose(comm: MPI.Comm, src, dst, codec, scale: float, blocking: bool, tune: str, cache: dict) -> str:
+    """``"mpi"`` or ``"ring"`` for a buffer like ``src`` (collective when measuring: every rank
+    of ``comm`` must call it for the same buckets in the same order). ``cache`` maps a byte
+    size to its verdict, so buckets of equal size are measured once."""
+    n_bytes = src.numel() * src.element_size()
+    static = mpi_choice(n_bytes, codec)
+    if tune == "static" or comm.Get_size() == 1 or not codec.mpi_summable or n_bytes <= SMALL_BYTES:
+        return static
+    if n_bytes not in cache:
+        t = measured(comm, src, dst, codec, scale, blocking)
+        cache[n_bytes] = "mpi" if t["mpi"] <= t["ring"] else "ring"
+    return cache[n_bytes]
