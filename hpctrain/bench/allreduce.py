@@ -5,7 +5,8 @@
 
 For each fp32 payload size: mpi4py ``Allreduce`` in place on a NumPy buffer (the baseline;
 ``+mean`` adds the division by the world size and the inf/NaN check every strategy does),
-hpctrain ``flat`` and ``hierarchical`` with compression ``none`` and ``fp16``, and
+hpctrain ``flat`` and ``hierarchical`` with compression ``none`` and ``fp16`` (``comm.tune =
+measure``, as a job runs them), and
 ``torch.distributed`` gloo (the peer). Scope ``whole``: the strategy's ``allreduce_grads()`` as
 a training step calls it (``p.grad`` already the bucket's view). Scope ``floor`` (one node,
 several ranks): the memory traffic of the node-level sum alone, no synchronisation, the bound
@@ -121,7 +122,8 @@ def case_whole(name, codec, topo, src):
     does), and the timed call includes whatever gather, scale and scatter the strategy does."""
     param = torch.nn.Parameter(torch.zeros(src.numel()))
     param.grad = src.clone()
-    sync = comm_lib.create(name, [param], topo, bucket_bytes=src.numel() * 4, compression=codec)
+    sync = comm_lib.create(name, [param], topo, bucket_bytes=src.numel() * 4, compression=codec,
+                           tune="measure")
     sync.allreduce_grads()
     return (sync.allreduce_grads, lambda: param.grad.copy_(src)), sync
 
@@ -129,7 +131,8 @@ def case_whole(name, codec, topo, src):
 def case_strategy(name, codec, topo, src):
     param = torch.nn.Parameter(torch.zeros(src.numel()))
     param.grad = src
-    sync = comm_lib.create(name, [param], topo, bucket_bytes=src.numel() * 4, compression=codec)
+    sync = comm_lib.create(name, [param], topo, bucket_bytes=src.numel() * 4, compression=codec,
+                           tune="measure")
     bucket = sync.buckets[0]
     sync.blocking_round = True      # as in allreduce_grads(): a round started only to wait for it
     # The refill is the strategy's own gather (a copy, or a copy that pre-divides).
