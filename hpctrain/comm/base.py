@@ -235,6 +235,7 @@ class GradSync:
         self.gather_scale = 1.0 / self.comm.Get_size()
         self.overlap = bool(overlap)
         self.tune = tuner.check_tune(tune)      # per-bucket MPI-or-ring: fixed rule or measured
+        self.measured = {}                      # bucket bytes -> method, where tune measured it
         self._prepare(bucket_sizes(self.params, bucket_bytes))
         self.buckets = make_buckets(self.params, bucket_bytes, alloc=self._alloc)
         self._setup()
@@ -272,7 +273,7 @@ class GradSync:
         chosen = f" ({self.chosen_by})" if getattr(self, "chosen_by", "") else ""
         staged = [b.staging for b in self.buckets if b.staging is not None]
         where = f", {len(staged)} staged from {staged[0].describe()}" if staged else ""
-        tuned = ", sizes measured" if self.tune == "measure" else ""
+        tuned = f", {len(self.measured)} size(s) measured" if self.measured else ""
         return (f"{self.name}{chosen}, compression={self.codec.name}, overlap={self.overlap}{tuned}, "
                 f"{len(self.buckets)} bucket(s) of {mib:.1f} MiB in all ({how or 'none'}); "
                 f"gradients live in the buckets{where}")

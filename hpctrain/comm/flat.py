@@ -25,7 +25,7 @@ class FlatSync(GradSync):
         # One communicator per bucket: rings of different buckets may be in flight together.
         self._comms = [self.comm.Dup() for _ in self.buckets]
         n = self.comm.Get_size()
-        self._codecs, self._rings, verdicts = [], [], {}
+        self._codecs, self._rings = [], []
         for b, comm in zip(self.buckets, self._comms):
             n_bytes = b.n_elems * b.bufs[0].element_size()
             codec = wire_codec(self.codec, n_bytes, n)
@@ -35,7 +35,7 @@ class FlatSync(GradSync):
             # measured on the bucket's own buffers (overwritten by the first round anyway), as
             # a training step will call it: blocking unless overlapped
             method = tuner.choose(comm, b.bufs[0], b.bufs[1], codec, self.gather_scale,
-                                  not self.overlap, self.tune, verdicts)
+                                  not self.overlap, self.tune, self.measured)
             self._codecs.append(codec)
             self._rings.append(RingBuffers(b.n_elems, dtype, n, codec, method))
 

@@ -42,7 +42,9 @@ def test_the_faster_method_is_chosen_and_measured_once_per_size(faster, topo, cl
     # the small bucket is never measured (MPI's); equal sizes are measured once, blocking
     assert sorted(calls) == sorted({(n, True) for n in sizes if n * 4 > SMALL_BYTES})
     assert methods == [faster if n * 4 > SMALL_BYTES else "mpi" for n in sizes]
-    assert "sizes measured" in sync.describe()
+    measured = {n * 4 for n in sizes if n * 4 > SMALL_BYTES}
+    assert sync.measured == {b: faster for b in measured}
+    assert f"{len(measured)} size(s) measured" in sync.describe()
 
 
 @pytest.mark.mpi
