@@ -9,8 +9,9 @@ does the node level with MPI messages. Here the node level sends no message at a
    rank's input, times 1/world_size, into slice j of its own output (an intra-node
    reduce-scatter by loads and vectorised adds, the scale and the inf/NaN check folded in).
 2. Local rank j allreduces its slice across nodes, with the ranks that have the same local
-   index (``topology.inter``), using the ring and the wire codec (fp16 travels only here; the
-   window level is always full precision).
+   index (``topology.inter``): the ring with the wire codec (fp16 travels only here; the
+   window level is always full precision), or MPI's ``Iallreduce`` for a full-precision slice
+   where that is faster (a size rule, or measured at construction: ``tune``, ``comm.tuner``).
 3. Local rank j copies its finished slice into every other local rank's output; after a second
    barrier every rank's output holds the whole mean, and its ``p.grad`` views bind to it.
 
@@ -36,7 +37,8 @@ from mpi4py import MPI
 from hpctrain.comm.base import Bucket, GradSync
 from hpctrain.comm.compression import wire_codec
 from hpctrain.comm.fused import sum_into
-from hpctrain.comm.ring import RingBuffers, chunk_bounds, mpi_choice, ring_allreduce
+from hpctrain.comm import tuner
+from hpctrain.comm.ring import RingBuffers, chunk_bounds, ring_allreduce
 from hpctrain.comm.window import SharedWindow, aligned, layout
 
 def nodes_share_memory(topo) -> bool:
@@ -88,8 +90,14 @@ class HierarchicalSync(GradSync):
                     n_bytes = (hi - lo) * b.bufs[0].element_size()
                     codec = wire_codec(self.codec, n_bytes, t.n_nodes)
                     wire = codec.wire_buffer(hi - lo) if codec.compresses else None
+                    # measured (tune) across nodes on this slice of this rank's output, in place
+                    # and non-blocking as the reduction runs it; every rank of the inter
+                    # communicator has the same slice sizes, so they measure alike
+                    mine = b.bufs[1][sl]
+                    method = tuner.choose(self._inter[b.index], mine, mine, codec, 1.0, False,
+                                          self.tune, self.measured)
                     ring = (RingBuffers(hi - lo, dtype if wire is None else wire.dtype, t.n_nodes, codec,
-                                        mpi_choice(n_bytes, codec)), wire)
+                                        method), wire)
             self._slice.append(sl)
             self._rings.append(ring)
             self._codecs.append(codec)

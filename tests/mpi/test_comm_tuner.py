@@ -68,3 +68,27 @@ def test_measured_choice_agrees_on_every_rank_and_equals_mpi(overlap, topo, clos
 def test_unknown_tune_is_refused():
     with pytest.raises(ValueError, match="comm.tune: unknown 'fast'"):
         tuner.check_tune("fast")
+
+
+@pytest.mark.mpi
+def test_hierarchical_measures_its_inter_node_slices_and_equals_mpi(closer):
+    comm = MPI.COMM_WORLD
+    topo = closer(Topology.create(comm, ranks_per_node=max(1, comm.Get_size() // 2)))
+    params = [torch.nn.Parameter(torch.zeros(n)) for n in SIZES]
+    sync = closer(comm_lib.create("hierarchical", params, topo, bucket_bytes=300_000 * 4, tune="measure"))
+    if topo.n_nodes > 1:
+        # every slice above the small-message size was measured, and a slice's method is the
+        # same on every node (the ranks of one inter-node communicator)
+        assert sync.measured
+        methods = [r[0].method if r else None for r in sync._rings]
+        peers = topo.inter.allgather(methods)
+        assert peers == [methods] * topo.inter.Get_size()
+    rng = np.random.default_rng(comm.Get_rank())
+    grads = [torch.from_numpy(rng.standard_normal(n).astype(np.float32)) for n in SIZES]
+    for p, g in zip(params, grads):
+        p.grad = g.clone()
+    assert sync.allreduce_grads() is False
+    for p, g in zip(params, grads):
+        ref = g.double().numpy().copy()
+        comm.Allreduce(MPI.IN_PLACE, ref)
+        np.testing.assert_allclose(p.grad.numpy(), ref / comm.Get_size(), rtol=0, atol=1e-5)
