@@ -18,6 +18,20 @@ def topo(closer):
     return closer(Topology.create(MPI.COMM_WORLD))
 
 
+def assert_syncs_to_mpi_mean(params, sync, comm):
+    """One round on random per-rank gradients gives MPI's Allreduce / n (fp32 sums in another
+    order: 1e-5 absolute on N(0, 1) data)."""
+    rng = np.random.default_rng(comm.Get_rank())
+    grads = [torch.from_numpy(rng.standard_normal(n).astype(np.float32)) for n in SIZES]
+    for p, g in zip(params, grads):
+        p.grad = g.clone()
+    assert sync.allreduce_grads() is False
+    for p, g in zip(params, grads):
+        ref = g.double().numpy().copy()
+        comm.Allreduce(MPI.IN_PLACE, ref)
+        np.testing.assert_allclose(p.grad.numpy(), ref / comm.Get_size(), rtol=0, atol=1e-5)
+
+
 def flat(topo, closer, **kw):
     params = [torch.nn.Parameter(torch.zeros(n)) for n in SIZES]
     sync = closer(comm_lib.create("flat", params, topo, bucket_bytes=300_000 * 4, **kw))
@@ -54,15 +68,7 @@ def test_measured_choice_agrees_on_every_rank_and_equals_mpi(overlap, topo, clos
     params, sync = flat(topo, closer, tune="measure", overlap=overlap)
     methods = [r.method for r in sync._rings]
     assert comm.allgather(methods) == [methods] * comm.Get_size()
-    rng = np.random.default_rng(comm.Get_rank())
-    grads = [torch.from_numpy(rng.standard_normal(n).astype(np.float32)) for n in SIZES]
-    for p, g in zip(params, grads):
-        p.grad = g.clone()
-    assert sync.allreduce_grads() is False
-    for p, g in zip(params, grads):
-        ref = g.double().numpy().copy()
-        comm.Allreduce(MPI.IN_PLACE, ref)
-        np.testing.assert_allclose(p.grad.numpy(), ref / comm.Get_size(), rtol=0, atol=1e-5)
+    assert_syncs_to_mpi_mean(params, sync, comm)
 
 
 def test_unknown_tune_is_refused():
@@ -83,12 +89,4 @@ def test_hierarchical_measures_its_inter_node_slices_and_equals_mpi(closer):
         methods = [r[0].method if r else None for r in sync._rings]
         peers = topo.inter.allgather(methods)
         assert peers == [methods] * topo.inter.Get_size()
-    rng = np.random.default_rng(comm.Get_rank())
-    grads = [torch.from_numpy(rng.standard_normal(n).astype(np.float32)) for n in SIZES]
-    for p, g in zip(params, grads):
-        p.grad = g.clone()
-    assert sync.allreduce_grads() is False
-    for p, g in zip(params, grads):
-        ref = g.double().numpy().copy()
-        comm.Allreduce(MPI.IN_PLACE, ref)
-        np.testing.assert_allclose(p.grad.numpy(), ref / comm.Get_size(), rtol=0, atol=1e-5)
+    assert_syncs_to_mpi_mean(params, sync, comm)
