@@ -7,10 +7,31 @@ backward (poll with ``Testall`` from gradient hooks), so both paths do identical
 identical order and give bit-identical results. No progress thread is needed: the hooks fire
 once per parameter during backward, and Open MPI's non-blocking operations advance inside
 ``Test``/``Wait`` calls anyway, so polling is what makes them progress.
+
+Besides MPI requests a generator may yield other waitables: objects with ``test()`` (never
+blocks; True once complete) and ``wait()``, such as a staged bucket's device-to-host copy
+(:class:`hpctrain.comm.staging.Ready`, a CUDA event).
 """
 from __future__ import annotations
 
 from mpi4py import MPI
+
+
+def test_all(reqs) -> bool:
+    """``MPI.Request.Testall`` over ``reqs``, other waitables tested by their ``test()``."""
+    others = [r for r in reqs if not isinstance(r, MPI.Request)]
+    if not others:
+        return MPI.Request.Testall(reqs)
+    done = MPI.Request.Testall([r for r in reqs if isinstance(r, MPI.Request)])
+    return all([w.test() for w in others]) and done
+
+
+def wait_all(reqs) -> None:
+    """``MPI.Request.Waitall`` over ``reqs``, other waitables by their ``wait()``."""
+    others = [r for r in reqs if not isinstance(r, MPI.Request)]
+    for w in others:
+        w.wait()
+    MPI.Request.Waitall([r for r in reqs if isinstance(r, MPI.Request)] if others else reqs)
 
 
 class Pending:
@@ -30,20 +51,20 @@ class Pending:
             except StopIteration as stop:
                 self.done, self.value, self.reqs = True, stop.value, []
                 return
-            if not MPI.Request.Testall(reqs):
+            if not test_all(reqs):
                 self.reqs = reqs
                 return
 
     def poll(self) -> bool:
         """Make progress without blocking; True once the reduction is complete."""
-        if not self.done and MPI.Request.Testall(self.reqs):
+        if not self.done and test_all(self.reqs):
             self._run()
         return self.done
 
     def wait(self):
         """Block until complete; returns the generator's result."""
         while not self.done:
-            MPI.Request.Waitall(self.reqs)
+            wait_all(self.reqs)
             self._run()
         return self.value
 
