@@ -92,21 +92,26 @@ class Bucket:
     @property
     def result(self) -> torch.Tensor:
         """The mean over ranks after a round (decoded from the wire on first read; for a
-        staged bucket, copied to its device buffer on first read and returned from there)."""
+        staged bucket, copied to its device buffer on first read - an encoded mean as fp16,
+        decoded there - and returned from there)."""
+        if self.staging is not None:
+            wire, self.encoded = (self.wire if self.encoded else None), False
+            return self.staging.to_device(self.out, self.staging.dev[1 - self.k], self.codec, wire)
         if self.encoded:
             self.codec.unpack(self.wire, [self.out])
             self.encoded = False
-        if self.staging is None:
-            return self.out
-        return self.staging.to_device(self.out, self.staging.dev[1 - self.k])
+        return self.out
 
-    def stage_in(self, scale: float) -> None:
-        """Staged bucket, after :meth:`gather_grads`: copy this round's input from the device
-        to the host buffer the strategy reduces, and pack it into the wire there if the bucket
-        is compressed (on the host for now: see :mod:`hpctrain.comm.staging`)."""
-        self.staging.to_host(self.staging.dev[self.k], self.flat)
-        if self.wire is not None:
-            self.codec.pack([self.flat], self.wire, scale)
+    def stage_in(self, scale: float) -> staging_lib.Ready:
+        """Staged bucket, after :meth:`gather_grads`: queue the copy of this round's input from
+        the device to the host buffer the strategy reduces; a compressed bucket packs
+        ``scale`` times it into fp16 on the device first and only the wire crosses
+        (:mod:`hpctrain.comm.staging`). Returns what the reduction must wait on."""
+        st = self.staging
+        if self.wire is None:
+            return st.to_host(st.dev[self.k], self.flat)
+        self.wire = st.host_wire(self.wire)
+        return st.to_host(st.dev[self.k], self.flat, self.codec, self.wire, scale)
 
     def next_round(self) -> None:
         """Swap the buffers: the last round's ``out`` (where ``p.grad`` views point after a
@@ -157,6 +162,8 @@ class Bucket:
         for i, p in enumerate(self.params):
             if self.owns(i, p.grad):
                 p.grad = p.grad.clone()
+        if self.staging is not None:    # host memory unregistered before the strategy frees it
+            self.staging.release()
 
 
 def _groups(params, bucket_bytes: int) -> list[list]:
@@ -175,7 +182,7 @@ def _groups(params, bucket_bytes: int) -> list[list]:
     return buckets
 
 
-def make_buckets(params, bucket_bytes: int, alloc=None) -> list[Bucket]:
+def make_buckets(params, bucket_bytes: int, alloc=None, direct_ok: bool = False) -> list[Bucket]:
     """Group parameters into buckets of about ``bucket_bytes``, last-used (last-defined) first.
 
     Backward produces gradients roughly in reverse definition order, so reversing lets the first
@@ -185,26 +192,37 @@ def make_buckets(params, bucket_bytes: int, alloc=None) -> list[Bucket]:
     fresh zeroed tensors; the hierarchical strategy hands out window memory); a staged bucket's
     are asked for with ``pinned=True`` where CUDA can use page-locked memory.
 
-    This is the one place that decides where a bucket's gradients live: a bucket of CPU
-    parameters keeps them in its host buffers; any other bucket is staged
-    (:mod:`hpctrain.comm.staging`): the gradients live in device buffers and cross to the host
-    buffers around each reduction. ``HPCTRAIN_TEST_STAGING=1`` stages CPU buckets too (tests).
+    This is the one place that decides where a bucket's gradients live
+    (:func:`hpctrain.comm.staging.route`): a bucket of CPU parameters keeps them in its host
+    buffers; any other bucket is staged (:mod:`hpctrain.comm.staging`): the gradients live in
+    device buffers and cross to the host buffers around each reduction; host memory the CUDA
+    driver did not allocate (a shared window) is registered with it until ``Bucket.release``.
+    With ``direct_ok`` (the strategy lets MPI sum the bucket's own buffers) and an MPI library
+    that takes device buffers (:func:`hpctrain.comm.staging.mpi_takes_device_buffers`) a device
+    bucket's buffers are on the device and go to MPI as they are, with no staging.
+    ``HPCTRAIN_TEST_STAGING=1`` routes CPU buckets like device ones (tests).
     """
     alloc = alloc or (lambda n, dtype, i, which, pinned=False: torch.zeros(n, dtype=dtype, pin_memory=pinned))
     force = staging_lib.forced()
+    registry = staging_lib.HostRegistry(staging_lib.cuda_mpi.cudart())
     out = []
     for i, group in enumerate(_groups(params, bucket_bytes)):
         offsets = np.cumsum([0] + [p.numel() for p in group[:-1]]).tolist()
         n, dtype, device = sum(p.numel() for p in group), group[0].dtype, group[0].device
+        direct = direct_ok and (force or device.type != "cpu") and staging_lib.mpi_takes_device_buffers(device)
+        where = staging_lib.route(device.type, forced=force, direct=direct)
         staging = None
-        if force or device.type != "cpu":
-            staging = staging_lib.Staging(n, dtype, device)
+        if where == "direct":       # MPI reads the device buffers themselves: nothing to stage
+            bufs = [torch.zeros(n, dtype=dtype, device=device) for _ in (0, 1)]
+        elif where == "staged":
+            staging = staging_lib.Staging(n, dtype, device, registry)
             pinned = staging_lib.pin_host()
             bufs = [alloc(n, dtype, i, which, pinned=True) if pinned else alloc(n, dtype, i, which)
                     for which in (0, 1)]
         else:
             bufs = [alloc(n, dtype, i, which) for which in (0, 1)]
         out.append(Bucket(params=group, offsets=offsets, bufs=bufs, index=i, staging=staging))
+    registry.register([buf for b in out if b.staging is not None for buf in b.bufs])
     return out
 
 
@@ -237,7 +255,10 @@ class GradSync:
         self.tune = tuner.check_tune(tune)      # per-bucket MPI-or-ring: fixed rule or measured
         self.measured = {}                      # bucket bytes -> method, where tune measured it
         self._prepare(bucket_sizes(self.params, bucket_bytes))
-        self.buckets = make_buckets(self.params, bucket_bytes, alloc=self._alloc)
+        # Device buffers may go to a CUDA-aware MPI as they are only where MPI sums the bucket's
+        # own buffers: full precision, and no host memory of the strategy's own (a window).
+        direct_ok = not self.codec.compresses and type(self)._alloc is GradSync._alloc
+        self.buckets = make_buckets(self.params, bucket_bytes, alloc=self._alloc, direct_ok=direct_ok)
         self._setup()
         self._bucket_of = {id(p): b.index for b in self.buckets for p in b.params}
         self._pending: dict[int, Pending] = {}
@@ -309,9 +330,12 @@ class GradSync:
             callback(bucket.index)
         bucket.next_round()
         bucket.gather_grads(self.gather_scale)
-        if bucket.staging is not None:
-            bucket.stage_in(self.gather_scale)
-        self._pending[bucket.index] = Pending(self.reduce_bucket(bucket))
+        reduction = self.reduce_bucket(bucket)
+        if bucket.staging is not None:  # starts once the copy to the host is done; a blocking
+            # round waits for it here, so blocking collectives start in bucket order everywhere
+            reduction = staging_lib.after(bucket.stage_in(self.gather_scale), reduction,
+                                          wait=self.blocking_round)
+        self._pending[bucket.index] = Pending(reduction)
 
     def _before_accumulate(self, p):
         """Tensor hook of ``p``: runs before autograd adds a new gradient into ``p.grad``."""

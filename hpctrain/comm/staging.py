@@ -1,30 +1,41 @@
-"""Host staging of a bucket whose gradients live on a device MPI cannot read.
+"""Host staging of a bucket whose gradients live on a device: the one seam for device memory.
 
-MPI here reads host memory only (mpi4py hands it NumPy views), so a bucket of device
-parameters keeps two buffer sets: ``Staging.dev``, the two device-side flat buffers that the
-``p.grad`` views live in (double-buffered exactly like the host ``Bucket.bufs``, see
-:mod:`hpctrain.comm.base`), and the bucket's host buffers, which the strategies reduce exactly
-as they reduce a CPU bucket (pinned memory for ``flat``; for ``hierarchical`` the shared
-window). A round is::
+MPI here reads host memory (mpi4py hands it NumPy views), so a bucket of device parameters keeps
+two buffer sets: ``Staging.dev``, the two device-side flat buffers that the ``p.grad`` views live
+in (double-buffered exactly like the host ``Bucket.bufs``, see :mod:`hpctrain.comm.base`), and
+the bucket's host buffers, which the strategies reduce exactly as they reduce a CPU bucket
+(pinned memory for ``flat``; for ``hierarchical`` the shared window, page-locked with the CUDA
+driver by :class:`hpctrain.comm.cuda_mpi.HostRegistry`). A round is::
 
-    gather into dev[k]  ->  to_host(dev[k], bufs[k])  ->  [pack fp16 on the host]
-    ->  the strategy's reduction, host to host  ->  to_device(bufs[1-k], dev[1-k])  ->  p.grad views
+    gather into dev[k] -> [pack fp16 on the device] -> device-to-host copy on a side stream,
+    event -> the reduction, once the event has completed, host to host -> host-to-device copy
+    on the compute stream -> [unpack fp16 on the device] -> dev[1-k], the p.grad views
 
-Whether a bucket is staged is decided in one place, :func:`hpctrain.comm.base.make_buckets`:
-a bucket of CPU parameters is not (today's path, untouched), any other is. ``HPCTRAIN_TEST_STAGING=1``
-in the environment when the buckets are made stages CPU buckets too (``dev`` is then just
-another CPU tensor), so the CPU test suite runs every line here except the CUDA calls.
+A compressed bucket (``bucket.wire``: ``flat`` with fp16) packs its gradients on the device with
+``kernels.pack_fp16`` (the codec's ``pack``: the CuPy kernel on CUDA tensors, its torch reference
+on CPU stand-ins) into a device wire buffer and copies only that (half the bytes) into the host
+wire, which the ring reduces; the mean comes back as fp16 and is unpacked on the device
+(``kernels.unpack_fp16``). Same kernels, same bytes as the unstaged path, which packs on the
+host. ``hierarchical`` sums in fp32 in the window (fp16 only crosses nodes), so its buckets
+cross in fp32.
 
-CUDA: the device-to-host copy runs on a side stream that first waits for the compute stream
-(the gradients are complete), into pinned memory, and the host thread waits on its event before
-MPI reads the buffer. The host-to-device copy of the mean is queued on the compute stream
-(``non_blocking``), so the optimiser step that reads ``p.grad`` is ordered after it.
+The reduction does not wait for the copy on the host thread: :meth:`Staging.to_host` returns a
+:class:`Ready` (the copy's CUDA event) and :func:`after` makes the strategy's generator yield it
+before anything else, so :class:`hpctrain.comm.progress.Pending` tests it (``event.query()``,
+which never blocks the host or the compute stream) beside MPI requests. In a blocking round
+(:attr:`hpctrain.comm.base.GradSync.blocking_round`) the host waits for it at the start instead:
+blocking collectives must start in bucket order on every rank. Both paths run the same
+arithmetic on the same bytes.
 
-Next steps (issue 15), not done here: pack fp16 on the device with the CuPy kernel before the
-copy (half the PCIe bytes; today a staged fp16 bucket crosses PCIe in fp32 and is packed on the
-host), register the shared window with the CUDA driver (``cudaHostRegister``) so the copy into
-it is a DMA, hand a bucket to MPI when its event has completed instead of waiting for it, and
-pass device buffers straight to a CUDA-aware MPI.
+Where a bucket's gradients live is decided in one place, :func:`hpctrain.comm.base.make_buckets`,
+by :func:`route`: CPU buckets stay as they are ("host"); a device bucket is "staged", or
+"direct" (no staging: its buffers go to MPI as they are) when the MPI library is CUDA-aware
+(:func:`hpctrain.comm.cuda_mpi.cuda_aware`), the strategy lets MPI sum the bucket's own buffers
+(no codec, no window) and this code can hand device buffers to MPI (:data:`DEVICE_HANDOFF`).
+``HPCTRAIN_TEST_STAGING=1`` in the environment when the buckets are made routes CPU buckets like
+device ones (``dev`` is then just another CPU tensor, copies are plain ``copy_``, every
+:class:`Ready` is complete at once), so the CPU test suite runs every line here except the CUDA
+calls themselves. None of this has run on a GPU yet (the GPU suite: ``pytest -m gpu``).
 """
 from __future__ import annotations
 
@@ -32,11 +43,22 @@ import os
 
 import torch
 
+from hpctrain.comm import cuda_mpi
+from hpctrain.comm.cuda_mpi import HostRegistry
+
+__all__ = ["TEST_SWITCH", "DEVICE_HANDOFF", "HostRegistry", "Ready", "Staging", "after", "forced",
+           "mpi_takes_device_buffers", "pin_host", "route"]
+
 TEST_SWITCH = "HPCTRAIN_TEST_STAGING"
+DEVICE_HANDOFF = False
+"""Can a CUDA bucket's buffers go to MPI as they are? Not yet: ``ring.py`` hands buffers to MPI
+as NumPy views (``.numpy()``) and sums with host scratch; with a CUDA-aware MPI it must pass the
+device tensors (mpi4py takes ``__cuda_array_interface__``/DLPack objects) and keep the ring's
+scratch on the device. Until then CUDA buckets are staged whatever the MPI library is."""
 
 
 def forced() -> bool:
-    """Does the test switch ask CPU buckets to take the staging path? (read at bucket creation)"""
+    """Does the test switch ask CPU buckets to take the device path? (read at bucket creation)"""
     return os.environ.get(TEST_SWITCH, "") == "1"
 
 
@@ -45,38 +67,123 @@ def pin_host() -> bool:
     return torch.cuda.is_available()
 
 
+def mpi_takes_device_buffers(device: torch.device) -> bool:
+    """May a bucket on ``device`` give MPI its buffers as they are? The MPI library must be
+    CUDA-aware (``HPCTRAIN_CUDA_AWARE_MPI`` or the library's answer); a CUDA bucket also needs
+    :data:`DEVICE_HANDOFF`. CPU stand-ins (the test switch) need only the first."""
+    return cuda_mpi.cuda_aware()[0] and (device.type == "cpu" or DEVICE_HANDOFF)
+
+
+def route(device_type: str, *, forced: bool, direct: bool) -> str:
+    """Where a bucket's gradients live: ``"host"`` (a CPU bucket: its host buffers),
+    ``"direct"`` (device buffers handed to MPI as they are: ``direct`` says the strategy and the
+    MPI library allow it) or ``"staged"`` (device buffers copied through host buffers)."""
+    if device_type == "cpu" and not forced:
+        return "host"
+    return "direct" if direct else "staged"
+
+
+class Ready:
+    """The device-to-host copy of one round: complete once its CUDA event is (``None``: at once).
+    :class:`hpctrain.comm.progress.Pending` tests it beside MPI requests."""
+
+    __slots__ = ("event",)
+
+    def __init__(self, event=None):
+        self.event = event
+
+    def test(self) -> bool:
+        """Never blocks (``cudaEventQuery``)."""
+        return self.event is None or self.event.query()
+
+    def wait(self) -> None:
+        """Blocks the host thread only (``cudaEventSynchronize``), never a stream."""
+        if self.event is not None:
+            self.event.synchronize()
+
+
+DONE = Ready()
+
+
+def after(ready: Ready, gen, wait: bool = False):
+    """Generator: ``gen`` (a reduction) once ``ready`` has completed; yields ``[ready]`` while it
+    has not. ``wait``: block for it at the start instead (a blocking round)."""
+    if wait:
+        ready.wait()
+    elif not ready.test():
+        yield [ready]
+    return (yield from gen)
+
+
 class Staging:
-    """The device side of one bucket: ``dev`` (two flat buffers on ``device``) and the copies
-    between them and the bucket's host buffers."""
+    """The device side of one bucket: ``dev`` (two flat buffers on ``device``), a device wire
+    buffer for compressed buckets, and the copies between them and the bucket's host buffers."""
 
-    __slots__ = ("device", "dev", "landed", "cuda", "stream", "event")
+    __slots__ = ("device", "dev", "dev_wire", "landed", "cuda", "stream", "ready", "registry")
 
-    def __init__(self, n_elems: int, dtype: torch.dtype, device: torch.device):
+    def __init__(self, n_elems: int, dtype: torch.dtype, device: torch.device,
+                 registry: HostRegistry | None = None):
         self.device = torch.device(device)
         self.dev = [torch.zeros(n_elems, dtype=dtype, device=self.device) for _ in (0, 1)]
+        self.dev_wire = None        # made on the first compressed round, like the host wire
         self.landed = True          # is this round's mean on the device already?
         self.cuda = self.device.type == "cuda"
         self.stream = torch.cuda.Stream(self.device) if self.cuda else None
-        self.event = torch.cuda.Event() if self.cuda else None
+        self.ready = Ready(torch.cuda.Event()) if self.cuda else DONE
+        self.registry = registry    # host memory registered with the driver, shared by buckets
 
-    def to_host(self, dev_flat: torch.Tensor, host_flat: torch.Tensor) -> None:
-        """``host_flat <- dev_flat``; complete when this returns (MPI may read ``host_flat``)."""
+    def host_wire(self, wire: torch.Tensor) -> torch.Tensor:
+        """The host wire buffer to copy into: ``wire``, or on CUDA a pinned one like it (once;
+        the strategy allocated it pageable), and the device wire beside it."""
+        if self.dev_wire is None:
+            self.dev_wire = torch.empty_like(wire, device=self.device)
+        if self.cuda and not wire.is_pinned():
+            wire = wire.pin_memory()
+        return wire
+
+    def to_host(self, dev_flat: torch.Tensor, host_flat: torch.Tensor, codec=None,
+                host_wire: torch.Tensor = None, scale: float = 1.0) -> Ready:
+        """Queue ``host_flat <- dev_flat``, or with ``host_wire``: pack ``scale * dev_flat`` into
+        the device wire with ``codec`` and queue ``host_wire <- dev_wire``. Returns what the
+        reduction waits on before MPI may read the host buffer."""
         self.landed = False
         if not self.cuda:
-            host_flat.copy_(dev_flat)
-            return
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+            self._copy_out(dev_flat, host_flat, codec, host_wire, scale)
+            return self.ready
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))   # gradients complete
         with torch.cuda.stream(self.stream):
-            host_flat.copy_(dev_flat, non_blocking=True)
-            self.event.record(self.stream)
-        self.event.synchronize()    # the host thread waits; the compute stream does not
+            self._copy_out(dev_flat, host_flat, codec, host_wire, scale)
+            self.ready.event.record(self.stream)
+        return self.ready
 
-    def to_device(self, host_flat: torch.Tensor, dev_out: torch.Tensor) -> torch.Tensor:
-        """``dev_out <- host_flat`` once per round (queued on the compute stream); returns ``dev_out``."""
+    def _copy_out(self, dev_flat, host_flat, codec, host_wire, scale) -> None:
+        if host_wire is None:
+            host_flat.copy_(dev_flat, non_blocking=self.cuda)
+        else:       # the kernels run on the current (side) stream, in place, no host sync
+            codec.pack([dev_flat], self.dev_wire, scale)
+            host_wire.copy_(self.dev_wire, non_blocking=self.cuda)
+
+    def to_device(self, host_flat: torch.Tensor, dev_out: torch.Tensor, codec=None,
+                  host_wire: torch.Tensor = None) -> torch.Tensor:
+        """``dev_out <- host_flat`` (or the encoded mean in ``host_wire``, unpacked on the device)
+        once per round, queued on the compute stream, which the optimiser step reads
+        ``p.grad`` on after it; returns ``dev_out``."""
         if not self.landed:
-            dev_out.copy_(host_flat, non_blocking=self.cuda)
+            if host_wire is None:
+                dev_out.copy_(host_flat, non_blocking=self.cuda)
+            else:
+                self.dev_wire.copy_(host_wire, non_blocking=self.cuda)
+                codec.unpack(self.dev_wire, [dev_out])
             self.landed = True
         return dev_out
 
+    def release(self) -> None:
+        """Unregister the host memory (before the strategy frees it); idempotent."""
+        if self.registry is not None:
+            self.registry.close()
+
     def describe(self) -> str:
-        return f"{self.device} via {'pinned ' if pin_host() else ''}host memory"
+        how = "pinned " if pin_host() else ""
+        if self.registry is not None and self.registry.ranges:
+            how = "registered "
+        return f"{self.device} via {how}host memory"

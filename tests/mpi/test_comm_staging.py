@@ -20,6 +20,7 @@ from mpi4py import MPI
 
 from hpctrain import comm as comm_lib
 from hpctrain.comm import staging
+from hpctrain.comm.compression import FP16Compression
 from hpctrain.topology import Topology
 from tests.mpi.test_comm_strategies import CASES, CODECS, STRATS, bound, reference
 
@@ -125,3 +126,188 @@ def test_cpu_buckets_are_not_staged_without_the_switch(monkeypatch):
     for b in buckets:
         for p, v in zip(b.params, b.views[0]):
             assert v.untyped_storage().data_ptr() == b.staging.dev[0].untyped_storage().data_ptr()
+
+
+def run_compare(strategy, codec, topo, overlap, monkeypatch, closer, case="several", env=None, check=None):
+    """Rounds through the unstaged and the staged sync (``env`` set while the staged one is made);
+    the staged means must equal the unstaged bytes and MPI's Allreduce mean within bounds.
+    ``check(sync)`` runs after the staged rounds. Returns the staged sync."""
+    comm = topo.comm
+    sizes, bucket_bytes = CASES[case]
+    params, plain_sync = make(strategy, codec, topo, sizes, bucket_bytes, overlap, False, monkeypatch, closer)
+    plain = rounds(params, plain_sync, comm, seed=5)
+    with monkeypatch.context() as m:
+        for k, v in (env or {}).items():
+            m.setenv(k, v)
+        params = [torch.nn.Parameter(torch.zeros(n)) for n in sizes]
+        m.setenv(staging.TEST_SWITCH, "1")
+        sync = closer(comm_lib.create(strategy, params, topo, bucket_bytes=bucket_bytes, compression=codec,
+                                      overlap=overlap))
+    staged = rounds(params, sync, comm, seed=5)
+    if check is not None:
+        check(sync)
+    for (coefs, want), (_, got) in zip(plain, staged):
+        for a, b in zip(want, got):
+            assert torch.equal(a, b), (strategy, codec, "differs from unstaged")
+        for g, (mean, mean_abs) in zip(got, reference(coefs, comm)):
+            err = np.abs(g.double().numpy() - mean)
+            assert np.all(err <= bound(codec, torch.float32, comm.Get_size(), mean_abs))
+    return sync
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("overlap", [False, True])
+def test_fp16_crosses_as_fp16_packed_on_the_device(overlap, monkeypatch, closer):
+    """A compressed staged bucket packs on the "device" into its device wire and copies only
+    that: the host fp32 buffers are never written (a NaN sentinel survives every round)."""
+    comm = MPI.COMM_WORLD
+    topo = closer(Topology.create(comm))
+    packed = []
+    real_pack = FP16Compression.pack
+
+    def spy(self, tensors, wire, scale=1.0):
+        packed.append((tuple(t.data_ptr() for t in tensors), wire.data_ptr()))
+        return real_pack(self, tensors, wire, scale)
+
+    monkeypatch.setattr(FP16Compression, "pack", spy)
+    sizes, bucket_bytes = CASES["big"]
+    params, sync = make("flat", "fp16", topo, sizes, bucket_bytes, overlap, True, monkeypatch, closer)
+    compressed = [b for b in sync.buckets if b.wire is not None]
+    assert len(compressed) == (comm.Get_size() > 1)
+    for b in compressed:
+        for buf in b.bufs:
+            buf.fill_(float("nan"))
+    results = rounds(params, sync, comm, seed=3)
+    for b in compressed:
+        assert b.staging.dev_wire.dtype == torch.float16 and b.staging.dev_wire.numel() == b.n_elems
+        assert all(torch.isnan(buf).all() for buf in b.bufs), "fp32 crossed to the host"
+        devs = {d.data_ptr() for d in b.staging.dev}
+        assert packed and all(srcs[0] in devs and wire == b.staging.dev_wire.data_ptr()
+                              for srcs, wire in packed)
+    for coefs, got in results:
+        for g, (mean, mean_abs) in zip(got, reference(coefs, comm)):
+            assert np.all(np.abs(g.double().numpy() - mean) <= bound("fp16", torch.float32, comm.Get_size(), mean_abs))
+
+
+class LateCopy(staging.Ready):
+    """A device-to-host copy whose event completes after ``n`` tests (a slow PCIe link)."""
+
+    log = []
+
+    def __init__(self, n=3):
+        super().__init__()
+        self.n = n
+
+    def test(self):
+        LateCopy.log.append("test")
+        self.n -= 1
+        return self.n < 0
+
+    def wait(self):
+        LateCopy.log.append("wait")
+        self.n = -1
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("codec", CODECS)
+@pytest.mark.parametrize("strategy", STRATS)
+def test_reduction_waits_for_the_copy_event(strategy, codec, overlap, monkeypatch, closer):
+    """The reduction starts only once its copy completed: overlapped, hooks and polls test the
+    event (never wait on it) until it is done; a blocking round waits at the start of each
+    bucket. Either way the bytes equal the unstaged path's."""
+    real = staging.Staging.to_host
+
+    def late(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        return LateCopy()
+
+    monkeypatch.setattr(staging.Staging, "to_host", late)
+    LateCopy.log = []
+    topo = closer(Topology.create(MPI.COMM_WORLD, ranks_per_node=1))
+    run_compare(strategy, codec, topo, overlap, monkeypatch, closer)
+    assert LateCopy.log
+    if overlap:
+        assert "test" in LateCopy.log       # polled; finish() may wait for the last ones
+    else:                                   # finish() starts a blocking round: waits, in order
+        assert set(LateCopy.log) == {"wait"}
+
+
+class FakeCudart:
+    log = []
+
+    def cudaHostRegister(self, ptr, n_bytes, flags):
+        FakeCudart.log.append(("register", ptr, n_bytes))
+        return 0
+
+    def cudaHostUnregister(self, ptr):
+        FakeCudart.log.append(("unregister", ptr))
+        return 0
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("strategy", STRATS)
+def test_host_memory_registered_once_and_unregistered_before_it_is_freed(strategy, monkeypatch, closer):
+    from hpctrain.comm import cuda_mpi
+    from hpctrain.comm.window import SharedWindow
+    FakeCudart.log = []
+    monkeypatch.setattr(cuda_mpi, "cudart", lambda: FakeCudart())
+    real_free = SharedWindow.free
+
+    def free(self):
+        FakeCudart.log.append(("free window",))
+        real_free(self)
+
+    monkeypatch.setattr(SharedWindow, "free", free)
+    topo = closer(Topology.create(MPI.COMM_WORLD, ranks_per_node=2))
+    sync = run_compare(strategy, "none", topo, False, monkeypatch, closer)
+    registered = [e for e in FakeCudart.log if e[0] == "register"]
+    assert registered and "registered host memory" in sync.describe()
+    for b in sync.buckets:         # every host buffer MPI reads lies in a registered range
+        for buf in b.bufs:
+            if buf.numel():
+                assert any(p <= buf.data_ptr() and buf.data_ptr() + buf.numel() * 4 <= p + n
+                           for _, p, n in registered)
+    n_before = len(FakeCudart.log)
+    sync.close()
+    after = FakeCudart.log[n_before:]
+    assert sorted(e[1] for e in after if e[0] == "unregister") == sorted(p for _, p, _ in registered)
+    if strategy == "hierarchical":
+        assert after[-1] == ("free window",), after
+    assert not any(e[0] == "register" for e in after)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("how", ["switch", "decision"])
+@pytest.mark.parametrize("codec", CODECS)
+@pytest.mark.parametrize("strategy", STRATS)
+def test_cuda_aware_mpi_takes_device_buffers_directly(strategy, codec, how, monkeypatch, closer):
+    """Where MPI is CUDA-aware (the switch, or the decision monkeypatched) a full-precision
+    ``flat`` bucket hands its "device" buffers to MPI as they are: no staging, no copies.
+    fp16 and ``hierarchical`` (the window) stay staged. Same bytes either way."""
+    env = {}
+    if how == "switch":
+        env = {"HPCTRAIN_CUDA_AWARE_MPI": "1"}
+    else:
+        monkeypatch.setattr(staging, "mpi_takes_device_buffers", lambda device: True)
+
+    topo = closer(Topology.create(MPI.COMM_WORLD, ranks_per_node=1))
+
+    def check(sync):        # no Staging: nothing is ever copied (auto may pick either strategy)
+        direct = sync.name == "flat" and codec == "none"
+        assert all((b.staging is None) == direct for b in sync.buckets), (sync.name, codec)
+        if direct:
+            assert "staged" not in sync.describe()
+
+    for case in ("several", "big"):
+        run_compare(strategy, codec, topo, True, monkeypatch, closer, case=case, env=env, check=check)
+
+
+@pytest.mark.mpi
+def test_this_machine_stages_by_default(monkeypatch, closer):
+    from hpctrain.comm import cuda_mpi
+    monkeypatch.delenv(cuda_mpi.AWARE_SWITCH, raising=False)
+    assert cuda_mpi.cuda_aware() == (False, "MPIX_Query_cuda_support() = 0")
+    topo = closer(Topology.create(MPI.COMM_WORLD))
+    _, sync = make("flat", "none", topo, [10, 20], 4096, False, True, monkeypatch, closer)
+    assert all(b.staging is not None for b in sync.buckets)
