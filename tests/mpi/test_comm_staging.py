@@ -2,14 +2,18 @@
 
 ``HPCTRAIN_TEST_STAGING=1`` (set before the sync is created: it is read when the buckets are
 made) makes CPU buckets take the path of device buckets: gradients live in separate "device"
-buffers, are copied to the host buffers MPI reduces, and the mean is copied back. Only the CUDA
-calls themselves are left to the GPU suite (tests/mpi/test_gpu_sync.py).
+buffers, are copied (or, fp16, packed on the "device" and the fp16 wire copied) to the host
+buffers MPI reduces, and the mean is copied back. Only the CUDA calls themselves are left to the
+GPU suite (tests/mpi/test_gpu_sync.py); none of this has run on a GPU.
 
 Every strategy x compression x topology, overlap on and off, through a real backward (so the
 overlap hooks fire and ``p.grad`` views are reused across rounds): the staged sync gives the
 bytes of the unstaged one (bit-identical: the same reduction runs on the same host bytes; fp16
-is packed from the staged flat buffer, element-wise the same pack), and both equal MPI's
-Allreduce mean within the bounds of test_comm_strategies.py.
+is packed by the same kernel, element-wise the same rounding, from the "device" buffer), and
+both equal MPI's Allreduce mean within the bounds of test_comm_strategies.py. Also: only fp16
+crosses for a compressed bucket; copies whose event completes late (polled while overlapped,
+waited in bucket order in a blocking round); registration of host memory with a fake CUDA
+runtime, unregistered before the window is freed; the direct route of a CUDA-aware MPI.
 """
 import zlib
 

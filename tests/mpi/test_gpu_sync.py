@@ -6,7 +6,8 @@ path minus the CUDA calls runs in CI through HPCTRAIN_TEST_STAGING (test_comm_st
 Every strategy x compression x overlap: parameters on ``cuda:<local rank mod GPUs>`` (ranks may
 share a GPU) give exactly the bytes of the same parameters on the CPU. Tolerance: none - the
 reduction runs on the host on the same bytes either way (the device-to-host copy is exact; fp16
-is packed on the host from those bytes by the same element-wise kernel), and equal to MPI's
+is packed on the GPU by the CuPy kernel, which rounds element-wise as the torch reference the
+CPU path packs with), and equal to MPI's
 Allreduce mean within the bounds of test_comm_strategies.py.
 """
 import numpy as np
@@ -85,3 +86,22 @@ def test_bind_device_round_robins_local_ranks(closer):
     assert device == torch.device("cuda", topo.local_rank % torch.cuda.device_count())
     assert torch.cuda.current_device() == device.index
     assert bind_device(topo, "cpu") == torch.device("cpu")
+
+
+def test_window_registered_and_fp16_packed_on_the_device(closer):
+    """hierarchical's window is page-locked with the driver while the sync lives; flat's fp16
+    buckets keep a device wire and a pinned host wire after a round."""
+    topo = closer(Topology.create(MPI.COMM_WORLD))
+    device = bind_device(topo, "cuda")
+    params = [torch.nn.Parameter(torch.zeros(300_000, device=device))]
+    sync = closer(comm_lib.create("hierarchical", params, topo, bucket_bytes=8 << 20))
+    assert all(buf.is_pinned() for b in sync.buckets for buf in b.bufs)
+    assert "registered host memory" in sync.describe()
+    sync.close()
+    sync = closer(comm_lib.create("flat", params, topo, bucket_bytes=8 << 20, compression="fp16"))
+    params[0].grad = torch.ones_like(params[0])
+    sync.allreduce_grads()
+    for b in sync.buckets:
+        if b.wire is not None:
+            assert b.wire.is_pinned() and b.staging.dev_wire.device == device
+    assert torch.equal(params[0].grad, torch.ones_like(params[0]))
