@@ -17,7 +17,7 @@ from mpi4py import MPI
 from hpctrain import comm as comm_lib
 from hpctrain.api import bind_device
 from hpctrain.config import Config
-from hpctrain.data import (ShardLoader, ShardSet, eval_batches, open_split_from_config, read_index,
+from hpctrain.data import (ShardLoader, ShardSet, eval_batches, eval_prep, open_split_from_config, read_index,
                            train_loader_from_config)
 from hpctrain.data.builtin import resolve_dataset
 from hpctrain.errors import ConfigError, UserError
@@ -46,6 +46,7 @@ class Job:
     test_set: ShardSet
     timer: StepTimer
     device: torch.device = torch.device("cpu")
+    raw: bool = False          # batches cross as stored and are normalised on the device (raw_batches)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -75,15 +76,28 @@ def setup(cfg: Config, comm: MPI.Comm, stack: contextlib.ExitStack) -> Job:
     topo = Topology.create(comm, cfg.comm.ranks_per_node)
     stack.push(on_agreed_exit(topo.close))
     device = _agreed(comm, bind_device, topo, cfg.train.device)
+    raw = raw_batches(device)
     index = _agreed(comm, _data_index, cfg, topo)
-    loader, test_set = _agreed(comm, _open_data, cfg, topo, index, stack)
+    loader, test_set = _agreed(comm, _open_data, cfg, topo, index, stack, raw)
     model, optimizer, schedule = _agreed(comm, _model_and_optimizer, cfg, index, loader, device)
     # collective, same verdict on every rank: names an odd rank out
     _agreed(comm, check_consistency, topo.comm, model, cfg.to_dict(), software_versions())
     timer = StepTimer()
     trainer = DistributedTrainer.from_config(model, optimizer, topo, cfg, schedule=schedule, timer=timer)
     stack.push(on_agreed_exit(trainer.close))
-    return Job(cfg, topo, trainer, loader, test_set, timer, device)
+    return Job(cfg, topo, trainer, loader, test_set, timer, device, raw)
+
+
+DEVICE_BATCHES_SWITCH = "HPCTRAIN_TEST_DEVICE_BATCHES"
+"""Set to 1 (tests): the CPU job takes the GPU's data path (raw batches, prepared after the copy)."""
+
+
+def raw_batches(device: torch.device) -> bool:
+    """Whether the loader hands over raw batches that the job normalises (and augments) on
+    ``device`` after the copy: on a GPU, so a uint8 batch crosses PCIe at a quarter of float32's
+    bytes and the GPU does the arithmetic; on the CPU only under :data:`DEVICE_BATCHES_SWITCH`
+    (the same batches either way; the loader's thread does it, overlapped with the step)."""
+    return device.type != "cpu" or os.environ.get(DEVICE_BATCHES_SWITCH) == "1"
 
 
 def _agreed(comm: MPI.Comm, phase, *args):
@@ -119,11 +133,11 @@ def _data_index(cfg: Config, topo: Topology):
     return read_index(resolve_dataset(cfg.data.dataset, cfg.data.cache_dir, topo.comm))
 
 
-def _open_data(cfg: Config, topo: Topology, index, stack: contextlib.ExitStack):
+def _open_data(cfg: Config, topo: Topology, index, stack: contextlib.ExitStack, raw: bool = False):
     """Train loader and test split (collective opens with ``mpio``), registered on ``stack``
     at once: a check failing on one rank after the opens still closes them on every rank."""
     loader = train_loader_from_config(index, topo, cfg.data, batch_size=cfg.train.batch_size // topo.size,
-                                      seed=cfg.train.seed)
+                                      seed=cfg.train.seed, raw=raw)
     stack.push(on_agreed_exit(loader.close))
     test_set = open_split_from_config(index, "test", topo, cfg.data)
     stack.push(on_agreed_exit(test_set.close))
@@ -163,9 +177,10 @@ def evaluate(job: Job, batch_size: int = 256) -> dict:
     topo = job.topo
     correct = loss_sum = count = 0.0
     # every rank scores the same model: the update in flight done, rank 0's BN statistics
+    batches = eval_batches(job.test_set, rank=topo.rank, size=topo.size, batch_size=batch_size, raw=job.raw)
+    prep = eval_prep(job.test_set) if job.raw else None
     with job.trainer.evaluation() as model, torch.no_grad():
-        for x, y in eval_batches(job.test_set, rank=topo.rank, size=topo.size, batch_size=batch_size):
-            x, y = to_device(x, y, job.device)
+        for x, y in device_batches(batches, job.device, prep):
             out = model(x)
             loss_sum += float(torch.nn.functional.cross_entropy(out, y, reduction="sum"))
             correct += float((out.argmax(1) == y).sum())
@@ -180,9 +195,9 @@ def polish(job: Job) -> dict:
     batches = job.loader.epoch(cfg.train.epochs, augment=False)
     if cfg.polish.bn_batches:
         batches = itertools.islice(batches, cfg.polish.bn_batches)
+    prep = job.loader.batch_prep(cfg.train.epochs, augment=False)
     with job.timer.span("polish"):
-        recompute_bn_stats(job.model, batches, job.topo.comm,
-                           inputs_of=lambda batch: batch[0].to(job.device, non_blocking=True))
+        recompute_bn_stats(job.model, device_batches(batches, job.device, prep), job.topo.comm)
     return evaluate(job)
 
 
@@ -191,6 +206,15 @@ def to_device(x: torch.Tensor, y: torch.Tensor, device: torch.device):
     if device.type == "cpu":
         return x, y
     return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+
+
+def device_batches(batches, device: torch.device, prep=None):
+    """Each ``(x, y)`` of ``batches`` on ``device`` (:func:`to_device`), ``x`` then made the model's
+    input there by ``prep`` (a raw batch's :class:`~hpctrain.data.BatchPrep`; None: ready as is).
+    Training, evaluation and Final Polishing all take their batches through here."""
+    for x, y in batches:
+        x, y = to_device(x, y, device)
+        yield (x if prep is None else prep(x)), y
 
 
 def timed_batches(batches, timer: StepTimer):
@@ -285,14 +309,15 @@ def train(job: Job, ckpt: Checkpointer, stop: StopSignal, resumed, log: MetricsL
         # Final Polishing (b): the last polish.unaugmented_epochs epochs see the data as validation does
         augment = epoch < cfg.train.epochs - cfg.polish.unaugmented_epochs
         batches = loader.epoch(epoch, skip=skip if epoch == first_epoch else 0, augment=augment)
-        for x, y in timed_batches(batches, job.timer):
+        prep = loader.batch_prep(epoch, augment)            # nothing to do unless job.raw
+        for x, y in device_batches(timed_batches(batches, job.timer), job.device, prep):
             if trainer.step_count >= total_steps:
                 break
             if watchdog:
                 watchdog.step(trainer.step_count)
             maybe_inject(topo.rank, trainer.step_count)
             lr = trainer.lr()
-            result = trainer.step(*to_device(x, y, job.device))
+            result = trainer.step(x, y)
             loss_sum += result.loss
             progress.skipped += result.skipped
             n += 1

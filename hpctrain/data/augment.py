@@ -10,7 +10,8 @@
 * ``flip`` — horizontal flip with probability 1/2.
 
 Randomness comes from a ``torch.Generator`` the loader seeds by ``(seed, epoch, rank)``, so a run
-is reproducible. Evaluation and Final Polishing's un-augmented pass use no :class:`Augment`.
+is reproducible. Parameters are drawn on the host; the appliers run on the batch's device
+(:class:`BatchPrep`: on the GPU after the copy of a raw batch), with the same result on the CPU. Evaluation and Final Polishing's un-augmented pass use no :class:`Augment`.
 Samplers (``*_params``) and the pure appliers (``*_at``) are separate so tests can check the
 appliers against an independent computation.
 """
@@ -26,17 +27,52 @@ KINDS = ("auto", "padcrop", "rrc", "flip")
 
 
 class Normalize:
-    """Raw samples (NumPy, any dtype) → float32 tensor ``(x - mean) / std`` per channel."""
+    """Raw samples → float32 ``(x - mean) / std`` per channel, on the device the samples are on.
+
+    ``x`` is a NumPy array (any dtype: uint8 images, float features) or a tensor on any device (a
+    uint8 batch just copied to the GPU): the conversion and the two in-place passes run where
+    ``x`` is, with the same float32 operations, so the result does not depend on where it ran.
+    """
 
     def __init__(self, normalize: dict, n_channels: int):
         self.mean = torch.tensor(normalize.get("mean", [0.0] * n_channels), dtype=torch.float32)
         self.std = torch.tensor(normalize.get("std", [1.0] * n_channels), dtype=torch.float32)
+        self._on = {self.mean.device: (self.mean, self.std)}    # per-device copies, made once
 
-    def __call__(self, x: np.ndarray) -> torch.Tensor:
-        t = torch.from_numpy(np.ascontiguousarray(x))
+    @classmethod
+    def of(cls, index) -> Normalize:
+        """The normalisation a shard index promises (``index.normalize``, one entry per channel)."""
+        return cls(index.normalize, index.sample_shape[0] if index.sample_shape else 1)
+
+    def __call__(self, x) -> torch.Tensor:
+        t = x if isinstance(x, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(x))
         t = t.float() if t.dtype != torch.float32 else t.clone()
+        if t.device not in self._on:
+            self._on[t.device] = (self.mean.to(t.device), self.std.to(t.device))
+        mean, std = self._on[t.device]
         view = (1, -1) + (1,) * max(t.dim() - 2, 0)
-        return t.sub_(self.mean.view(view)).div_(self.std.view(view))    # in place: one buffer
+        return t.sub_(mean.view(view)).div_(std.view(view))    # in place: one buffer
+
+
+class BatchPrep:
+    """A raw batch → the model's input, on whatever device the batch is on: :class:`Normalize`,
+    then ``transform(x, gen)`` (an :class:`Augment`) when one is given.
+
+    The one place normalisation (and augmentation) is applied: the loader's thread calls it on host
+    batches; a job training on a GPU calls it after copying a raw (uint8) batch to the device, for
+    training, evaluation and Final Polishing alike. Random parameters are drawn on the host from
+    ``gen`` in batch order, so the same batches get the same crops and flips either way.
+    """
+    __slots__ = ("normalize", "transform", "gen")
+
+    def __init__(self, normalize: Normalize, transform=None, gen: torch.Generator | None = None):
+        if transform is not None and gen is None:
+            raise ValueError("BatchPrep: a transform needs its generator")
+        self.normalize, self.transform, self.gen = normalize, transform, gen
+
+    def __call__(self, x) -> torch.Tensor:
+        t = self.normalize(x)
+        return t if self.transform is None else self.transform(t, self.gen)
 
 
 def flip_params(n: int, gen: torch.Generator) -> torch.Tensor:
@@ -44,7 +80,7 @@ def flip_params(n: int, gen: torch.Generator) -> torch.Tensor:
 
 
 def flip_at(x: torch.Tensor, flips: torch.Tensor) -> torch.Tensor:
-    return torch.where(flips.view(-1, 1, 1, 1), x.flip(-1), x)
+    return torch.where(flips.view(-1, 1, 1, 1).to(x.device), x.flip(-1), x)
 
 
 def padcrop_params(n: int, pad: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,9 +92,9 @@ def padcrop_at(x: torch.Tensor, oy: torch.Tensor, ox: torch.Tensor, pad: int) ->
     """Zero-pad by ``pad`` and take each sample's ``H × W`` window at ``(oy, ox)`` (one gather)."""
     b, _, h, w = x.shape
     xp = F.pad(x, (pad, pad, pad, pad))
-    rows = (oy.view(-1, 1) + torch.arange(h)).view(b, h, 1)
-    cols = (ox.view(-1, 1) + torch.arange(w)).view(b, 1, w)
-    return xp[torch.arange(b).view(b, 1, 1), :, rows, cols].permute(0, 3, 1, 2).contiguous()
+    rows = (oy.view(-1, 1) + torch.arange(h)).view(b, h, 1).to(x.device)   # indices made on the host
+    cols = (ox.view(-1, 1) + torch.arange(w)).view(b, 1, w).to(x.device)
+    return xp[torch.arange(b, device=x.device).view(b, 1, 1), :, rows, cols].permute(0, 3, 1, 2).contiguous()
 
 
 def rrc_params(n: int, gen: torch.Generator, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)) -> torch.Tensor:
@@ -80,7 +116,7 @@ def crop_resize_at(x: torch.Tensor, boxes: torch.Tensor, flips: torch.Tensor | N
     theta = torch.zeros(b, 2, 3)
     theta[:, 0, 0], theta[:, 0, 2] = sx, 2 * cx - 1
     theta[:, 1, 1], theta[:, 1, 2] = bh, 2 * cy - 1
-    grid = F.affine_grid(theta, (b, c, h, w), align_corners=False)
+    grid = F.affine_grid(theta.to(x.device), (b, c, h, w), align_corners=False)
     return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
 
 

@@ -51,8 +51,12 @@ def _node_reader_shards(index: ShardIndex, split: str, topo, driver: str, verify
 def train_loader(index: ShardIndex, topo, *, batch_size: int, seed: int = 0, block_size: int = 32,
                  shuffle_window: int = 1024, prefetch: int = 2, drop_last: bool = True, augment: bool = False,
                  augment_kind: str = "auto", augment_flip: bool = True, reader: str = "rank",
-                 hdf5_driver: str = "auto", verify: str = "shared", split: str = "train") -> ShardLoader:
+                 hdf5_driver: str = "auto", verify: str = "shared", split: str = "train",
+                 raw: bool = False) -> ShardLoader:
     """The per-rank training loader (``batch_size`` per rank). Collective over ``topo.comm``.
+
+    ``raw``: batches as stored, normalised by the consumer on its device (``loader.batch_prep``);
+    the job asks for them when it trains on a GPU.
 
     ``loader.close()`` stops its threads, frees the node window and closes the shards (all
     collective where the parts are); ``loader.describe()`` is the start-up log line.
@@ -68,17 +72,18 @@ def train_loader(index: ShardIndex, topo, *, batch_size: int, seed: int = 0, blo
     transform = Augment(augment_kind, flip=augment_flip) if augment else None
     loader = ShardLoader(shards, rank=topo.rank, size=topo.size, batch_size=batch_size, seed=seed,
                          block_size=block_size, shuffle_window=shuffle_window, prefetch=prefetch,
-                         drop_last=drop_last, transform=transform, node_comm=node_comm)
+                         drop_last=drop_last, transform=transform, node_comm=node_comm, raw=raw)
     loader.owns_shards = True
     return loader
 
 
-def train_loader_from_config(index: ShardIndex, topo, d, *, batch_size: int, seed: int = 0) -> ShardLoader:
+def train_loader_from_config(index: ShardIndex, topo, d, *, batch_size: int, seed: int = 0,
+                             raw: bool = False) -> ShardLoader:
     """:func:`train_loader` with the options of a ``[data]`` section ``d``."""
     return train_loader(index, topo, batch_size=batch_size, seed=seed, block_size=d.block_size,
                         shuffle_window=d.shuffle_window, prefetch=d.prefetch, drop_last=d.drop_last,
                         augment=d.augment, augment_kind=d.augment_kind, augment_flip=d.augment_flip,
-                        reader=d.reader, hdf5_driver=d.hdf5_driver, verify=d.verify)
+                        reader=d.reader, hdf5_driver=d.hdf5_driver, verify=d.verify, raw=raw)
 
 
 def open_split_from_config(index: ShardIndex, split: str, topo, d) -> ShardSet:

@@ -13,6 +13,13 @@ With ``node_comm`` (``Topology.intra``) one reader rank per node reads the batch
 node's ranks into an MPI-3 shared-memory window (:mod:`noderead`); each rank still gets exactly
 the batches it would have read itself. Evaluation: each rank reads its balanced contiguous share
 in order, partial last batch kept, never augmented.
+
+Raw batches (``raw=True``, what a job training on a GPU asks for): the thread hands over the
+samples as stored (uint8 images stay uint8: a quarter of float32's bytes across PCIe), pinned
+when CUDA is available so the consumer's ``x.to(device, non_blocking=True)`` is an asynchronous
+DMA; normalisation and augmentation are then the consumer's, on the device, through
+:meth:`ShardLoader.batch_prep` (the same :class:`~hpctrain.data.augment.BatchPrep` the thread runs
+otherwise, so the batches are the same either way).
 """
 from __future__ import annotations
 
@@ -26,7 +33,7 @@ import numpy as np
 import torch
 
 from hpctrain.data import plan
-from hpctrain.data.augment import Normalize, generator_for
+from hpctrain.data.augment import BatchPrep, Normalize, generator_for
 from hpctrain.data.images import decode_batch
 from hpctrain.data.shards import ShardSet
 
@@ -37,7 +44,7 @@ class LoaderStats:
     wait_s: float = 0.0        # training thread blocked on the queue (the cost that is paid)
     read_s: float = 0.0        # HDF5 reads (or, with a node reader, taking the batch from the window)
     decode_s: float = 0.0      # JPEG decoding
-    prep_s: float = 0.0        # normalisation + augmentation
+    prep_s: float = 0.0        # normalisation + augmentation (raw batches: pinning)
     batches: int = 0
 
     def reset(self) -> None:
@@ -94,25 +101,38 @@ class _Prefetcher:
         self._t.join()
 
 
+def host_tensor(a: np.ndarray, pin: bool) -> torch.Tensor:
+    """``a`` as a tensor of its own dtype, copied into page-locked memory when ``pin``."""
+    t = torch.from_numpy(np.ascontiguousarray(a))
+    return t.pin_memory() if pin else t
+
+
+def _unchanged(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
 class ShardLoader:
     """Training batches for one rank. ``batch_size`` is the per-rank batch.
 
     ``transform(x, generator)`` (e.g. :class:`augment.Augment`) runs on normalised batches;
-    ``epoch(e, augment=False)`` skips it (Final Polishing's un-augmented pass).
+    ``epoch(e, augment=False)`` skips it (Final Polishing's un-augmented pass). With ``raw`` the
+    batches come as stored (pinned when CUDA is available) and :meth:`batch_prep` says what to
+    apply to them, on the device they were copied to.
     """
 
     def __init__(self, shards: ShardSet, *, rank: int, size: int, batch_size: int, seed: int = 0,
                  block_size: int = 32, shuffle_window: int = 1024, prefetch: int = 2,
                  drop_last: bool = True, transform: Callable | None = None, node_comm=None,
-                 node_slots: int = 2):
+                 node_slots: int = 2, raw: bool = False):
         self.shards, self.rank, self.size = shards, rank, size
         self.batch_size, self.seed, self.block_size = batch_size, seed, block_size
         self.shuffle_window, self.prefetch, self.drop_last = shuffle_window, prefetch, drop_last
         self.global_batch = batch_size * size
         self.steps = plan.steps_per_epoch(shards.num_samples, self.global_batch, drop_last)
         self.transform = transform
-        idx = shards.index
-        self.to_tensor = Normalize(idx.normalize, idx.sample_shape[0] if idx.sample_shape else 1)
+        self.raw = raw
+        self.pin = raw and torch.cuda.is_available()   # page-locked only where a GPU copies from it
+        self.to_tensor = Normalize.of(shards.index)
         self.stats = LoaderStats()
         self.owns_shards = False                   # close() closes the ShardSet too (factory loaders)
         self._bufs: dict = {}
@@ -129,7 +149,10 @@ class ShardLoader:
     def describe(self) -> str:
         """One line for the start-up log: reading mode, HDF5 driver, augmentation."""
         mode = self.node.describe() if self.node else "per-rank reading"
-        return f"{mode}; {self.shards.describe()}; augment {self.transform or 'off'}; prefetch {self.prefetch}"
+        raw = (f"; raw {self.shards.index.dtype} batches{' (pinned)' if self.pin else ''}, normalised on the device"
+               if self.raw else "")
+        return (f"{mode}; {self.shards.describe()}; augment {self.transform or 'off'}; prefetch {self.prefetch}"
+                f"{raw}")
 
     def runs(self, epoch: int, rank: int | None = None) -> list[tuple[int, int]]:
         total = None if self.drop_last else self.steps * self.global_batch
@@ -203,17 +226,28 @@ class ShardLoader:
                 self.stats.decode_s += time.perf_counter() - t0
             yield x, y
 
+    def _prep(self, epoch: int, augment: bool) -> BatchPrep:
+        transform = self.transform if augment else None
+        gen = generator_for(self.seed, epoch, self.rank) if transform is not None else None
+        return BatchPrep(self.to_tensor, transform, gen)
+
+    def batch_prep(self, epoch: int, augment: bool = True) -> Callable[[torch.Tensor], torch.Tensor]:
+        """What the consumer still applies to each ``x`` of ``epoch(epoch, augment=augment)``, on
+        the device it copied ``x`` to: with ``raw`` batches, the epoch's :class:`BatchPrep`
+        (normalisation, augmentation with the epoch's generator, taken in batch order); otherwise
+        nothing (the thread has applied it). Make it when the epoch starts (also when resuming
+        part-way through: the thread's generator restarts there too)."""
+        return self._prep(epoch, augment) if self.raw else _unchanged
+
     def _batches(self, epoch: int, skip: int, augment: bool):
         source = self.node.batches(epoch, skip) if self.node else self.decoded_batches(epoch, skip)
-        gen = generator_for(self.seed, epoch, self.rank)
+        prep = None if self.raw else self._prep(epoch, augment)
         for x, y in source:
             t0 = time.perf_counter()
-            t = self.to_tensor(x)
-            if augment and self.transform is not None:
-                t = self.transform(t, gen)
+            t = host_tensor(x, self.pin) if self.raw else prep(x)
             self.stats.prep_s += time.perf_counter() - t0
             self.stats.batches += 1
-            yield t, torch.from_numpy(np.ascontiguousarray(y))
+            yield t, host_tensor(y, self.pin)
 
     def _stream(self, epoch: int, skip: int, augment: bool):
         """Epoch after epoch, each closed by ``_END``: the thread runs on into the next epoch, so
@@ -276,13 +310,22 @@ class ShardLoader:
             self.owns_shards = False
 
 
-def eval_batches(shards: ShardSet, *, rank: int, size: int, batch_size: int):
-    """This rank's contiguous share of an evaluation split, in order; last batch may be short."""
+def eval_batches(shards: ShardSet, *, rank: int, size: int, batch_size: int, raw: bool = False):
+    """This rank's contiguous share of an evaluation split, in order; last batch may be short.
+
+    With ``raw`` the samples come as stored, pinned when CUDA is available, for
+    :func:`eval_prep` on the device they are copied to."""
     idx = shards.index
-    to_tensor = Normalize(idx.normalize, idx.sample_shape[0] if idx.sample_shape else 1)
+    pin = raw and torch.cuda.is_available()
+    prep = eval_prep(shards)
     lo, hi = plan.block_range(shards.num_samples, size, rank)
     for s in range(lo, hi, batch_size):
         x, y = shards.read_range(s, min(hi, s + batch_size))
         if idx.encoding == "jpeg":
             x = decode_batch(x, tuple(idx.sample_shape))
-        yield to_tensor(x), torch.from_numpy(y)
+        yield (host_tensor(x, pin), host_tensor(y, pin)) if raw else (prep(x), torch.from_numpy(y))
+
+
+def eval_prep(shards: ShardSet) -> BatchPrep:
+    """Evaluation's :class:`BatchPrep` for ``shards``: normalisation only, never augmented."""
+    return BatchPrep(Normalize.of(shards.index))
