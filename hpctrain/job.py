@@ -33,7 +33,7 @@ from hpctrain.optim import optimizer_from_config, schedule_from_config
 from hpctrain.optim.schedules import describe_lr
 from hpctrain.polish import recompute_bn_stats
 from hpctrain.topology import Topology
-from hpctrain.trainer import DistributedTrainer
+from hpctrain.trainer import DistributedTrainer, compute_unsupported
 
 
 @dataclass
@@ -151,8 +151,9 @@ def _open_data(cfg: Config, topo: Topology, index, stack: contextlib.ExitStack, 
 def _model_and_optimizer(cfg: Config, index, loader, device: torch.device = torch.device("cpu")):
     """Local only (no collectives): model (on ``device``, before the optimiser sees its
     parameters), output check, optimiser, schedule."""
-    if cfg.precision.compute == "fp16" and device.type != "cuda":
-        raise ConfigError("config precision.compute: fp16 compute needs a CUDA device; use bf16 on CPU")
+    why = compute_unsupported(cfg.precision.compute, device)
+    if why:
+        raise ConfigError(f"config precision.compute: {why}")
     torch.manual_seed(cfg.train.seed)
     m = cfg.model
     try:

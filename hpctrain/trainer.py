@@ -32,6 +32,22 @@ AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 BROADCAST_BUFFERS = ("finish", "forward")
 
 
+def compute_unsupported(compute: str, device: torch.device) -> str | None:
+    """Why ``precision.compute`` cannot run on ``device`` (None: it can). fp16 autocast needs a
+    GPU (CPU autocast to fp16 runs ~80x slower here); bf16 on a GPU needs one that supports it
+    (compute capability 8.0 and newer; ``torch.cuda.is_bf16_supported``). Autocast follows the
+    model's device (:meth:`DistributedTrainer.autocast`), never a fixed one."""
+    if compute == "fp16" and device.type == "cpu":
+        return ("fp16 compute needs a CUDA device (CPU autocast to fp16 runs ~80x slower here); "
+                "use bf16 on CPU")
+    if compute == "bf16" and device.type == "cuda":
+        with torch.cuda.device(device):
+            if not torch.cuda.is_bf16_supported():
+                return (f"bf16 compute is not supported by {torch.cuda.get_device_name(device)}; "
+                        "use fp16 (with precision.loss_scale=dynamic) or fp32")
+    return None
+
+
 class DistributedTrainer:
     """Data-parallel training of ``model`` with ``optimizer`` over ``topology.comm``.
 
@@ -60,10 +76,9 @@ class DistributedTrainer:
         self._buffers = [b for b in model.buffers() if b.numel()]
         self.loss_fn = loss_fn or nn.CrossEntropyLoss()
         self.compute = compute
-        device = next(model.parameters()).device.type
-        if compute == "fp16" and device == "cpu":
-            raise ValueError("precision.compute: fp16 compute needs a CUDA device (CPU autocast to fp16 "
-                             "runs ~80x slower here); use bf16 on CPU")
+        why = compute_unsupported(compute, next(model.parameters()).device)
+        if why:
+            raise ValueError(f"precision.compute: {why}")
         comm_lib.broadcast_module(model, topology.comm)
         self.sync = comm_lib.create(strategy, model.parameters(), topology, bucket_bytes=int(bucket_mb * 2**20),
                                     compression=compression, overlap=overlap, tune=tune)
