@@ -42,11 +42,14 @@ MPICH_JOB_SKIP := not test_training_fault_mid_run_names_rank \
 LIBVERSION = -c 'from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0].strip())'
 
 .PHONY: setup setup-mpich demo test test-serial test-mpi test-slurm test-mpich docs bench clean
+# GPU=auto|1|0 (CUDA=12|13): torch's CUDA build and CuPy on GPU nodes (scripts/gpu_choice.py);
+# DRY_RUN=1 says what would be installed.
+GPU      ?= auto
 setup:
-	@MPI=$(MPI) VENV=$(VENV) bash scripts/setup.sh
+	@MPI=$(MPI) VENV=$(VENV) GPU=$(GPU) bash scripts/setup.sh
 
 setup-mpich:
-	@MPI=mpich VENV=$(MPICH_VENV) bash scripts/setup.sh
+	@MPI=mpich VENV=$(MPICH_VENV) GPU=$(GPU) bash scripts/setup.sh
 
 demo: setup
 	$(MPIEXEC) -n $(NP) $(PY) -m hpctrain --run-dir runs/demo

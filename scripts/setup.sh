@@ -2,9 +2,15 @@
 # Install everything hpctrain needs into a virtual environment bound to ONE MPI implementation:
 #   MPI=openmpi (default) -> .venv        Debian's Open MPI 4.1 + libhdf5-openmpi
 #   MPI=mpich             -> .venv-mpich  Debian's MPICH 4.0 (hydra mpiexec) + libhdf5-mpich
-# Each gets the CPU torch wheel, mpi4py, h5py built against that MPI's parallel HDF5 (serial h5py
-# as a loud fallback), and the project. VENV overrides the directory.
-# Idempotent: a stamp keyed on this script, setup.cfg, pyproject.toml and MPI makes a second run instant.
+# Each gets torch, mpi4py, h5py built against that MPI's parallel HDF5 (serial h5py as a loud
+# fallback), and the project. VENV overrides the directory.
+# torch: the CPU wheel, unless this is a GPU node (scripts/gpu_choice.py: GPU=auto (default) asks
+# `nvidia-smi -L`; GPU=1 / GPU=0 decide; CUDA=12|13 overrides the driver's CUDA major): then the
+# CUDA build for the driver (cu126 for 12.x drivers, cu130 for 13.x) from the PyTorch wheel index,
+# and the matching CuPy (extra `cuda`: cupy-cuda12x, `cuda13`: cupy-cuda13x).
+# DRY_RUN=1 prints that choice and what would be installed, and changes nothing.
+# Idempotent: a stamp keyed on this script, setup.cfg, pyproject.toml, MPI and the torch flavour
+# makes a second run instant.
 # Facts behind each step: ../shared/DESIGN.md, "Environment facts"; README "MPI implementations".
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,11 +21,31 @@ case "$MPI" in
   *) echo "[setup] MPI=$MPI: choose openmpi or mpich" >&2; exit 2 ;;
 esac
 PY=${PYTHON:-python3}
-key=$( (cat scripts/setup.sh setup.cfg pyproject.toml; echo "$MPI") | sha256sum | cut -c1-16)
+say() { printf '[setup %s] %s\n' "$MPI" "$*"; }
+
+# 0. CPU or GPU: the torch flavour (cpu | cu126 | cu130) and the CuPy extra (- | cuda | cuda13).
+choice=$(GPU="${GPU:-auto}" CUDA="${CUDA:-}" "$PY" scripts/gpu_choice.py) || exit 2
+read -r flavour cuda_extra reason <<<"$choice"
+if [ "$flavour" = cpu ]; then
+  torch_what="torch==2.13.0 (CPU wheel; $reason)"
+else
+  torch_what="torch==2.13.0+$flavour (CUDA build from https://download.pytorch.org/whl/$flavour; $reason)"
+fi
+# The project's extras: `test` carries cupy-cuda12x (NVRTC compiles in CPU CI), which cannot sit
+# beside cupy-cuda13x, so a CUDA 13 node and the MPICH venv take the test tools by name.
+extras=docs
+tools=('pytest>=8' 'pytest-mpi>=0.6' 'pytest-timeout>=2.3')
+if [ "$MPI" = openmpi ] && [ "$cuda_extra" != cuda13 ]; then extras="test,$extras"; tools=(); fi
+[ "$cuda_extra" != - ] && extras="$extras,$cuda_extra"
+if [ "${DRY_RUN:-0}" = 1 ]; then
+  say "dry run: $torch_what"
+  say "dry run: hpctrain[$extras] ${tools[*]}"
+  exit 0
+fi
+
+key=$( (cat scripts/setup.sh scripts/gpu_choice.py setup.cfg pyproject.toml; echo "$MPI $flavour") | sha256sum | cut -c1-16)
 stamp="$VENV/.setup-$key"
 [ -f "$stamp" ] && exit 0
-
-say() { printf '[setup %s] %s\n' "$MPI" "$*"; }
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 # 1. One MPI for everything in this venv (from Debian), and the HDF5 built on it. Debian's
@@ -32,13 +58,18 @@ if ! dpkg -s $debs >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends $debs >/dev/null
 fi
 
-# 2. The virtual environment; torch pinned to the CPU wheel first so nothing pulls a CUDA build.
+# 2. The virtual environment; torch pinned first (CPU wheel, or the GPU node's CUDA build) so
+#    nothing else pulls a different build.
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 vpy="$VENV/bin/python"
 pip="$vpy -m pip install -q"
 [ -d /opt/wheels ] && pip="$pip --find-links /opt/wheels"
-say "installing torch==2.13.0 (CPU wheel)"
-$pip torch==2.13.0
+say "installing $torch_what"
+if [ "$flavour" = cpu ]; then
+  $pip torch==2.13.0
+else
+  $pip "torch==2.13.0+$flavour" --index-url "https://download.pytorch.org/whl/$flavour"
+fi
 $pip 'Cython>=3,<4' pkgconfig 'setuptools>=77' wheel 'numpy<3'
 
 # 3. mpi4py's binary wheel carries two extension modules, MPI.openmpi (NEEDED libmpi.so.40) and
@@ -76,14 +107,10 @@ if ! "$vpy" -c 'import h5py,sys; sys.exit(not h5py.get_config().mpi)' 2>/dev/nul
   fi
 fi
 
-# 5. The project itself, editable, with its test tools (the MPICH venv skips the CUDA extras: it
-#    runs the MPI tests, not the kernel tests).
-say "installing hpctrain"
-if [ "$MPI" = openmpi ]; then
-  $pip --no-build-isolation -e '.[test,docs]'
-else
-  $pip --no-build-isolation -e '.[docs]' 'pytest>=8' 'pytest-mpi>=0.6' 'pytest-timeout>=2.3'
-fi
+# 5. The project itself, editable, with its test tools (the MPICH venv skips the CPU CI's CuPy: it
+#    runs the MPI tests, not the kernel tests; on a GPU node both get the CuPy for the driver).
+say "installing hpctrain[$extras]"
+$pip --no-build-isolation -e ".[$extras]" "${tools[@]}"
 rm -f "$VENV"/.setup-*
 touch "$stamp"
-say "done ($VENV): $("$vpy" -c 'import torch,mpi4py,h5py; from mpi4py import MPI; print("torch",torch.__version__,"mpi4py",mpi4py.__version__,"on"," ".join(MPI.Get_library_version().split()[:3]),"| h5py",h5py.__version__,"mpi" if h5py.get_config().mpi else "serial")')"
+say "done ($VENV): $("$vpy" -c 'import torch,mpi4py,h5py; from mpi4py import MPI; print("torch",torch.__version__,"(CUDA "+str(torch.version.cuda)+")" if torch.version.cuda else "(CPU)","mpi4py",mpi4py.__version__,"on"," ".join(MPI.Get_library_version().split()[:3]),"| h5py",h5py.__version__,"mpi" if h5py.get_config().mpi else "serial")')"
