@@ -335,6 +335,9 @@ class GradSync:
             # round waits for it here, so blocking collectives start in bucket order everywhere
             reduction = staging_lib.after(bucket.stage_in(self.gather_scale), reduction,
                                           wait=self.blocking_round)
+        elif bucket.flat.device.type != "cpu":  # direct: MPI reads device memory backward wrote
+            reduction = staging_lib.after(staging_lib.produced(bucket.flat), reduction,
+                                          wait=self.blocking_round)
         self._pending[bucket.index] = Pending(reduction)
 
     def _before_accumulate(self, p):

@@ -37,7 +37,7 @@ class FlatSync(GradSync):
             method = tuner.choose(comm, b.bufs[0], b.bufs[1], codec, self.gather_scale,
                                   not self.overlap, self.tune, self.measured)
             self._codecs.append(codec)
-            self._rings.append(RingBuffers(b.n_elems, dtype, n, codec, method))
+            self._rings.append(RingBuffers(b.n_elems, dtype, n, codec, method, b.bufs[0].device))
 
     def reduce_bucket(self, bucket: Bucket):
         i = bucket.index

@@ -22,7 +22,7 @@ def nonfinite(t: torch.Tensor) -> bool:
     materialises a bool tensor). A finite tensor could only be misreported if its sum exceeded
     3.4e38 (mean |value| above 4e31 for 8 M elements): a skipped step at worst, never a missed inf.
     """
-    if t.numel() <= SMALL_ELEMS:
+    if t.numel() <= SMALL_ELEMS and t.device.type == "cpu":
         return not bool(np.isfinite(t.detach().numpy()).all())
     total = t.sum(dtype=torch.float32) if t.dtype == torch.float16 else t.sum()
     return not bool(torch.isfinite(total))

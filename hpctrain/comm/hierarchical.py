@@ -64,8 +64,8 @@ class HierarchicalSync(GradSync):
         self._n_slices = t.min_local_size if t.n_nodes > 1 else t.local_size
 
     def _alloc(self, n_elems: int, dtype, index: int, which: int, pinned: bool = False) -> torch.Tensor:
-        # A staged (device) bucket's host side is this window memory too; ``pinned`` is not
-        # honoured yet (registering the window with the CUDA driver is the next step).
+        # A staged (device) bucket's host side is this window memory too; instead of
+        # ``pinned`` the window is registered with the CUDA driver (make_buckets).
         return self._view(self.topo.local_rank, index, which, n_elems, dtype)
 
     def _view(self, rank: int, index: int, which: int, n_elems: int, dtype) -> torch.Tensor:

@@ -49,9 +49,30 @@ def chunk_bounds(n_elems: int, n_parts: int) -> list[int]:
     return [n_elems * i // n_parts for i in range(n_parts + 1)]
 
 
+AS_TENSOR = frozenset({"cuda"})
+"""Device types whose buffers go to MPI as the tensors themselves (mpi4py reads their DLPack /
+``__cuda_array_interface__``; a CUDA-aware MPI then moves device memory directly). CPU buffers go
+as NumPy views, the path measured in the benchmarks. Tests add ``"cpu"`` to run the tensor
+hand-off on CPU tensors (mpi4py 4 takes them through DLPack too)."""
+
+
+def _settle(t: torch.Tensor) -> None:
+    """Before MPI reads device memory a kernel just wrote: wait for the current stream (a
+    CUDA-aware MPI does not order itself after torch's streams). No-op for host memory."""
+    if t.device.type == "cuda":
+        torch.cuda.current_stream(t.device).synchronize()
+
+
+def _arr(t: torch.Tensor):
+    """A contiguous tensor as an MPI buffer (typed: MPI infers the datatype)."""
+    t = t.detach()
+    return t if t.device.type in AS_TENSOR else t.numpy()
+
+
 def _msg(t: torch.Tensor):
-    """Bytes of a contiguous CPU tensor as an MPI message (MPI has no float16 datatype)."""
-    return [t.detach().numpy().view(np.uint8), MPI.BYTE]
+    """Bytes of a contiguous tensor as an MPI message (MPI has no float16 datatype)."""
+    t = t.detach().view(torch.uint8)
+    return [t if t.device.type in AS_TENSOR else t.numpy(), MPI.BYTE]
 
 
 def mpi_choice(n_bytes: int, codec) -> str:
@@ -71,13 +92,17 @@ class RingBuffers:
 
     __slots__ = ("recv", "scratch", "bounds", "method")
 
-    def __init__(self, n_elems: int, dtype, n_ranks: int, codec, method: str = "ring"):
+    def __init__(self, n_elems: int, dtype, n_ranks: int, codec, method: str = "ring", device="cpu"):
         self.bounds = chunk_bounds(n_elems, n_ranks)
         self.method = method if n_ranks > 1 else "ring"
         largest = max((b - a for a, b in zip(self.bounds, self.bounds[1:])), default=0)
         largest = largest if n_ranks > 1 and self.method == "ring" else 0
-        self.recv = torch.empty(largest, dtype=dtype)
-        self.scratch = codec.scratch(largest)
+        self.recv = torch.empty(largest, dtype=dtype, device=device)     # beside the buffer summed
+        scratch = codec.scratch(largest)
+        if torch.device(device).type != "cpu":
+            scratch = (tuple(t.to(device) for t in scratch) if isinstance(scratch, tuple)
+                       else scratch.to(device))
+        self.scratch = scratch
 
 
 def ring_allreduce(buf: RingBuffers, comm: MPI.Comm, codec, src: torch.Tensor, dst: torch.Tensor,
@@ -109,11 +134,11 @@ def ring_allreduce(buf: RingBuffers, comm: MPI.Comm, codec, src: torch.Tensor, d
             dst.copy_(src)
         return scale_and_check(dst, scale)
     if buf.method != "ring":            # every rank holds MPI's identical result
-        send = MPI.IN_PLACE if src.data_ptr() == dst.data_ptr() else src.detach().numpy()
+        send = MPI.IN_PLACE if src.data_ptr() == dst.data_ptr() else _arr(src)
         if blocking:
-            comm.Allreduce(send, dst.detach().numpy(), op=MPI.SUM)
+            comm.Allreduce(send, _arr(dst), op=MPI.SUM)
         else:
-            yield [comm.Iallreduce(send, dst.detach().numpy(), op=MPI.SUM)]
+            yield [comm.Iallreduce(send, _arr(dst), op=MPI.SUM)]
         return scale_and_check(dst, scale)
     bounds, right, left = buf.bounds, (r + 1) % n, (r - 1) % n
 
@@ -134,6 +159,7 @@ def ring_allreduce(buf: RingBuffers, comm: MPI.Comm, codec, src: torch.Tensor, d
         last = s == n - 2
         found = codec.reduce(dst[recv], tmp, buf.scratch, check=last, src=src[recv],
                              scale=scale if last else 1.0)
+        _settle(dst)                    # MPI reads that partial sum next: the kernel must be done
     flag = np.array([found], dtype=np.uint8)
     reqs = [comm.Iallreduce(MPI.IN_PLACE, flag, op=MPI.MAX)]
     for s in range(n - 1):

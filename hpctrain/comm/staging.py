@@ -47,14 +47,15 @@ from hpctrain.comm import cuda_mpi
 from hpctrain.comm.cuda_mpi import HostRegistry
 
 __all__ = ["TEST_SWITCH", "DEVICE_HANDOFF", "HostRegistry", "Ready", "Staging", "after", "forced",
-           "mpi_takes_device_buffers", "pin_host", "route"]
+           "mpi_takes_device_buffers", "pin_host", "produced", "route"]
 
 TEST_SWITCH = "HPCTRAIN_TEST_STAGING"
-DEVICE_HANDOFF = False
-"""Can a CUDA bucket's buffers go to MPI as they are? Not yet: ``ring.py`` hands buffers to MPI
-as NumPy views (``.numpy()``) and sums with host scratch; with a CUDA-aware MPI it must pass the
-device tensors (mpi4py takes ``__cuda_array_interface__``/DLPack objects) and keep the ring's
-scratch on the device. Until then CUDA buckets are staged whatever the MPI library is."""
+DEVICE_HANDOFF = True
+"""Can a CUDA bucket's buffers go to MPI as they are? ``ring.py`` passes device tensors to MPI
+as themselves (mpi4py reads DLPack / ``__cuda_array_interface__``: ``ring.AS_TENSOR``), keeps
+its receive buffer and scratch beside them, and waits for the stream before MPI reads a
+partial sum a kernel wrote; a direct bucket's reduction starts once the compute stream's event
+(:func:`produced`) has completed. Set False to stage even under a CUDA-aware MPI."""
 
 
 def forced() -> bool:
@@ -103,6 +104,16 @@ class Ready:
 
 
 DONE = Ready()
+
+
+def produced(t: torch.Tensor) -> Ready:
+    """A direct bucket's input is complete once the compute stream has run what was queued so
+    far (backward wrote it): an event recorded there now. Host memory: at once."""
+    if t.device.type != "cuda":
+        return DONE
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(t.device))
+    return Ready(event)
 
 
 def after(ready: Ready, gen, wait: bool = False):

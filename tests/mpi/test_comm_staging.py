@@ -23,7 +23,7 @@ import torch
 from mpi4py import MPI
 
 from hpctrain import comm as comm_lib
-from hpctrain.comm import staging
+from hpctrain.comm import ring, staging
 from hpctrain.comm.compression import FP16Compression
 from hpctrain.topology import Topology
 from tests.mpi.test_comm_strategies import CASES, CODECS, STRATS, bound, reference
@@ -282,16 +282,23 @@ def test_host_memory_registered_once_and_unregistered_before_it_is_freed(strateg
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("how", ["switch", "decision"])
+@pytest.mark.parametrize("how", ["switch", "decision", "tensors"])
 @pytest.mark.parametrize("codec", CODECS)
 @pytest.mark.parametrize("strategy", STRATS)
 def test_cuda_aware_mpi_takes_device_buffers_directly(strategy, codec, how, monkeypatch, closer):
     """Where MPI is CUDA-aware (the switch, or the decision monkeypatched) a full-precision
     ``flat`` bucket hands its "device" buffers to MPI as they are: no staging, no copies.
-    fp16 and ``hierarchical`` (the window) stay staged. Same bytes either way."""
+    fp16 and ``hierarchical`` (the window) stay staged. Same bytes either way. ``tensors``: the
+    buffers go to MPI as the tensors themselves (DLPack), the hand-off a CUDA bucket takes."""
     env = {}
-    if how == "switch":
+    if how in ("switch", "tensors"):
         env = {"HPCTRAIN_CUDA_AWARE_MPI": "1"}
+    handed = []                 # what the ring gave MPI, where "tensors" checks it
+    if how == "tensors":
+        monkeypatch.setattr(ring, "AS_TENSOR", frozenset({"cpu", "cuda"}))
+        arr, msg = ring._arr, ring._msg
+        monkeypatch.setattr(ring, "_arr", lambda t: handed.append(type(arr(t))) or arr(t))
+        monkeypatch.setattr(ring, "_msg", lambda t: handed.append(type(msg(t)[0])) or msg(t))
     else:
         monkeypatch.setattr(staging, "mpi_takes_device_buffers", lambda device: True)
 
@@ -305,6 +312,8 @@ def test_cuda_aware_mpi_takes_device_buffers_directly(strategy, codec, how, monk
 
     for case in ("several", "big"):
         run_compare(strategy, codec, topo, True, monkeypatch, closer, case=case, env=env, check=check)
+    if how == "tensors" and strategy == "flat" and codec == "none" and topo.comm.Get_size() > 1:
+        assert handed and set(handed) == {torch.Tensor}, set(handed)
 
 
 @pytest.mark.mpi
