@@ -7,6 +7,13 @@ synchronisation is implied (CuPy's `__cuda_array_interface__` import may synchro
 addresses never do). Kernels run on torch's current stream for torch inputs and on CuPy's
 current stream for CuPy inputs, so they are ordered after the work that produced the inputs.
 Compile-once caching follows ChainerMN's `pure_nccl_communicator.py` (kernels built on first use).
+
+CuPy versions: CuPy 12, 13 and 14, built for CUDA 12 (`cupy-cuda12x`) or CUDA 13
+(`cupy-cuda13x`, CuPy >= 13.6). The calls used here exist in all of them (`RawModule(code=,
+options=)`, `cuda.runtime.getDeviceCount`/`runtimeGetVersion`, `cuda.Device`,
+`get_current_stream().ptr`); the one difference, how a torch stream becomes a CuPy stream, is
+decided in `_cupy_view_of`. No DLPack hop is used (raw addresses), so `cupy.from_dlpack` /
+`fromDlpack` differences do not arise. Older CuPy is reported by `probe()` as unusable.
 """
 import contextlib
 import functools
@@ -17,8 +24,26 @@ import torch
 from ._prelude import BLOCK_THREADS
 from ._table import build_table
 
-INSTALL_HINT = "pip install 'hpctrain[cuda]' (cupy-cuda12x)"
+INSTALL_HINT = ("pip install 'hpctrain[cuda]' (cupy-cuda12x, CUDA 12 drivers) or "
+                "'hpctrain[cuda13]' (cupy-cuda13x, CUDA 13 drivers)")
+MIN_CUPY_MAJOR = 12
 _TABLE_CACHE_LEN = 32
+
+
+def cupy_major(version: str) -> int:
+    """The major of a CuPy version string ("14.2.0", "13.6.0rc1", "12.3.0+cuda12"); 0 if unreadable."""
+    head = str(version).split(".", 1)[0]
+    return int(head) if head.isdigit() else 0
+
+
+def cuda_runtime_version(cupy) -> str:
+    """The CUDA runtime CuPy was built for, "12.4" (runtimeGetVersion's 12040); "unknown" if it
+    cannot say."""
+    try:
+        v = int(cupy.cuda.runtime.runtimeGetVersion())
+    except Exception:  # an API or driver difference: only the description loses the number
+        return "unknown"
+    return f"{v // 1000}.{v % 1000 // 10}"
 
 
 @functools.lru_cache(maxsize=1)
@@ -28,6 +53,8 @@ def probe():
         import cupy
     except ImportError:
         return None, f"cupy not installed; {INSTALL_HINT}"
+    if cupy_major(cupy.__version__) < MIN_CUPY_MAJOR:
+        return None, f"cupy {cupy.__version__} is older than {MIN_CUPY_MAJOR}; {INSTALL_HINT}"
     try:
         usable = cupy.is_available()
     except Exception as exc:  # driver/runtime errors: reported through the reason, not hidden
@@ -36,7 +63,7 @@ def probe():
         return None, (f"cupy {cupy.__version__} installed but no CUDA device "
                       "(cupy.is_available() is False)")
     n_devices = cupy.cuda.runtime.getDeviceCount()
-    return cupy, f"cupy {cupy.__version__}, {n_devices} CUDA device(s)"
+    return cupy, f"cupy {cupy.__version__} (CUDA {cuda_runtime_version(cupy)}), {n_devices} CUDA device(s)"
 
 
 def require_cupy():
@@ -93,14 +120,20 @@ def launch_scope(sample):
             yield cupy
 
 
-def _cupy_view_of(torch_stream, dev):
-    """A CuPy stream for a torch stream: the CUDA stream protocol (CuPy >= 14, torch
-    `__cuda_stream__`), or CuPy 13's `ExternalStream` (deprecated in 14)."""
-    import cupy
+def _cupy_view_of(torch_stream, dev, cupy=None):
+    """A CuPy stream for a torch stream: the CUDA stream protocol where both sides have it
+    (CuPy >= 14 `Stream.from_external`, torch's `__cuda_stream__`), else `ExternalStream(ptr,
+    device)` (CuPy 12 and 13; deprecated in 14, still there)."""
+    if cupy is None:
+        import cupy
 
-    if hasattr(cupy.cuda.Stream, "from_external"):
+    if hasattr(cupy.cuda.Stream, "from_external") and hasattr(torch_stream, "__cuda_stream__"):
         return cupy.cuda.Stream.from_external(torch_stream)
-    return cupy.cuda.ExternalStream(torch_stream.cuda_stream, dev)
+    external = getattr(cupy.cuda, "ExternalStream", None)
+    if external is None:
+        raise RuntimeError(f"cupy {cupy.__version__} has neither Stream.from_external (with a torch stream "
+                           "that has __cuda_stream__) nor ExternalStream: cannot launch on torch's stream")
+    return external(torch_stream.cuda_stream, dev)
 
 
 _TABLES = {}
