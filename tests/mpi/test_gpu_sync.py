@@ -31,7 +31,9 @@ def run_rounds(strategy, codec, topo, sizes, bucket_bytes, overlap, device, clos
     params = [torch.nn.Parameter(torch.zeros(n, device=device)) for n in sizes]
     sync = closer(comm_lib.create(strategy, params, topo, bucket_bytes=bucket_bytes, compression=codec,
                                   overlap=overlap))
-    assert all((b.staging is not None) == (device.type != "cpu") for b in sync.buckets)
+    for b in sync.buckets:      # CPU: host buffers; device: staged, or direct (CUDA-aware MPI)
+        direct = b.staging is None and b.bufs[0].device.type == device.type
+        assert (b.staging is None) if device.type == "cpu" else (b.staging is not None or direct)
     rng = np.random.default_rng(seed * 1000 + comm.Get_rank())
     out = []
     for _ in range(n_rounds):
@@ -105,3 +107,26 @@ def test_window_registered_and_fp16_packed_on_the_device(closer):
         if b.wire is not None:
             assert b.wire.is_pinned() and b.staging.dev_wire.device == device
     assert torch.equal(params[0].grad, torch.ones_like(params[0]))
+
+
+@pytest.mark.skipif(not __import__("hpctrain.comm.cuda_mpi", fromlist=["x"]).cuda_aware()[0],
+                    reason="needs a CUDA-aware MPI (HPCTRAIN_CUDA_AWARE_MPI=1 or the library's answer)")
+@pytest.mark.parametrize("case", ["several", "big"])
+def test_cuda_aware_mpi_reduces_device_buffers_directly(case, monkeypatch, closer):
+    """flat, codec none, CUDA-aware MPI: device buffers go to MPI as they are (no staging) and
+    the means equal the CPU path's within the fp32 bound (MPI may sum on the device in another
+    order than on the host)."""
+    monkeypatch.delenv(staging.TEST_SWITCH, raising=False)
+    topo = closer(Topology.create(MPI.COMM_WORLD))
+    device = bind_device(topo, "cuda")
+    sizes, bucket_bytes = CASES[case]
+    cpu = run_rounds("flat", "none", topo, sizes, bucket_bytes, False, torch.device("cpu"), closer, 5)
+    params = [torch.nn.Parameter(torch.zeros(n, device=device)) for n in sizes]
+    sync = closer(comm_lib.create("flat", params, topo, bucket_bytes=bucket_bytes))
+    assert all(b.staging is None and b.bufs[0].is_cuda for b in sync.buckets)
+    gpu = run_rounds("flat", "none", topo, sizes, bucket_bytes, False, device, closer, 5)
+    n = topo.comm.Get_size()
+    for (coefs, a), (_, b) in zip(cpu, gpu):
+        for x, y, c in zip(a, b, coefs):
+            largest = topo.comm.allreduce(float(c.abs().max()) if c.numel() else 0.0, op=MPI.MAX)
+            assert torch.allclose(x, y, rtol=0, atol=4 * n * 2.0**-24 * largest + 1e-30)
