@@ -115,9 +115,10 @@ def query_library(lib) -> tuple[bool, str]:
 
 @functools.lru_cache(maxsize=1)
 def _library_answer() -> tuple[bool, str]:
+    # Through mpi4py's own extension module: dlsym on its handle searches the MPI library it
+    # links. The global namespace is not enough: Open MPI is loaded RTLD_GLOBAL, MPICH is not.
     from mpi4py import MPI   # initialises MPI: the query must follow MPI_Init
-    del MPI
-    return query_library(ctypes.CDLL(None))
+    return query_library(ctypes.CDLL(MPI.__file__))
 
 
 def cuda_aware(environ=os.environ) -> tuple[bool, str]:
