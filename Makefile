@@ -19,6 +19,11 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export OMPI_MCA_rmaps_base_oversubscribe := 1
 export OMP_NUM_THREADS := 1
+# Open MPI's PMIx tries the munge daemon first and, where munge is installed but not running
+# (libpmix2 depends on libmunge2), retries for 2.3 s at every mpiexec and singleton start; its
+# native uid check is enough on one host. test-slurm unsets it: there munged runs, and srun's
+# PMIx server picks the security mode.
+export PMIX_MCA_psec ?= native
 PYTEST_MPI := -m pytest --only-mpi -q -p no:cacheprovider --color=no --timeout=300
 # The MPICH leg of `make test`: its own venv (mpi4py and h5py built on MPICH) and launcher.
 MPICH_VENV ?= .venv-mpich
@@ -76,7 +81,7 @@ test-mpi:
 # One-node Slurm on this host (installs slurm-wlm + munge once), then the batch scripts under it.
 test-slurm: setup
 	@bash scripts/slurm/start.sh || echo "[test-slurm] Slurm could not be started: its tests will be skipped"
-	HPCTRAIN_TEST_SLURM=1 $(PY) -m pytest -q -rs tests/integration/test_ops_slurm.py
+	env -u PMIX_MCA_psec HPCTRAIN_TEST_SLURM=1 $(PY) -m pytest -q -rs tests/integration/test_ops_slurm.py
 
 # MPICH (Hydra): MPI comm, trainer, fault and data tests at -n 2 (the -n 4 topologies of a subset),
 # then aborts, kill -9, a stop signal through a batch script and the default job at 2 ranks
