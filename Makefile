@@ -72,8 +72,9 @@ test: setup
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet -d site && echo "== [docs] built site/ (open site/index.html)"
 
+# Two workers, a file each at a time (most of these tests wait on launched jobs).
 test-serial:
-	$(PY) -m pytest -q tests/unit tests/kernels tests/integration
+	$(PY) -m pytest -q -n 2 --dist loadfile tests/unit tests/kernels tests/integration
 
 test-mpi:
 	for n in 2 4; do $(MPIEXEC) -n $$n $(PY) $(PYTEST_MPI) tests/mpi || exit 1; done
