@@ -1,6 +1,6 @@
 """Compile the CUDA sources without a GPU, treating every warning as an error.
 
-NVRTC comes with the CUDA extra (`pip install 'hpctrain[cuda]' nvidia-cuda-nvrtc-cu12`) and
+NVRTC comes with the CUDA extras (`hpctrain[cuda]` for CUDA 12, `hpctrain[cuda13]` for 13) and
 compiles for any architecture without a device through CuPy's low-level bindings
 (`cupy.cuda.compiler.compile_using_nvrtc` queries the device, so it is not used). `nvcc` is the
 fallback. Run `python -m kernels.offline_compile` for a table of every kernel x target.
@@ -42,7 +42,8 @@ def nvrtc_status():
         from cupy.cuda import nvrtc
         version = nvrtc.getVersion()
     except ImportError:
-        return None, "cupy not installed (pip install cupy-cuda12x nvidia-cuda-nvrtc-cu12)"
+        return None, ("cupy not installed (pip install 'hpctrain[cuda]' for CUDA 12, "
+                      "'hpctrain[cuda13]' for CUDA 13)")
     except Exception as exc:  # missing libnvrtc raises from getVersion; reported, not hidden
         return None, f"NVRTC not loadable: {type(exc).__name__}: {exc}"
     return nvrtc, f"NVRTC {version[0]}.{version[1]}"
