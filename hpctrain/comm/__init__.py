@@ -34,7 +34,8 @@ training loop calls ``sync.allreduce_grads() -> found_inf`` or ``sync.begin()`` 
 """
 from __future__ import annotations
 
-from hpctrain.comm.base import Bucket, GradSync, make_buckets
+from hpctrain.comm.base import GradSync
+from hpctrain.comm.buckets import Bucket, make_buckets
 from hpctrain.comm.collectives import allreduce_sum, broadcast_module, broadcast_tensors, checksum
 from hpctrain.comm.compression import COMPRESSIONS
 from hpctrain.comm.delay import DelayedSync, with_comm_delay

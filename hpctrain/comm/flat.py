@@ -12,7 +12,8 @@ starts the same buckets in the same order there, so blocking cannot deadlock
 gradients in ``bucket.flat`` stay. Use it on one node without shared memory between ranks, or
 where the network is uniform. Compare ChainerMN's ``flat_communicator.py``.
 """
-from hpctrain.comm.base import Bucket, GradSync
+from hpctrain.comm.base import GradSync
+from hpctrain.comm.buckets import Bucket
 from hpctrain.comm.compression import wire_codec
 from hpctrain.comm import tuner
 from hpctrain.comm.ring import RingBuffers, ring_allreduce

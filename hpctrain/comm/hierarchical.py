@@ -3,7 +3,7 @@
 HSGD [Wang et al., IEICE 2020]; compare ChainerMN's ``two_dimensional_communicator.py``, which
 does the node level with MPI messages. Here the node level sends no message at all:
 
-1. Every local rank's two bucket buffers (:mod:`hpctrain.comm.base`: this round's input, where
+1. Every local rank's two bucket buffers (:mod:`hpctrain.comm.buckets`: this round's input, where
    its gradients live, and the output) are its memory in one MPI-3 shared-memory window
    (:mod:`hpctrain.comm.window`). After a barrier, local rank j sums slice j of every local
    rank's input, times 1/world_size, into slice j of its own output (an intra-node
@@ -34,7 +34,8 @@ from __future__ import annotations
 import torch
 from mpi4py import MPI
 
-from hpctrain.comm.base import Bucket, GradSync
+from hpctrain.comm.base import GradSync
+from hpctrain.comm.buckets import Bucket
 from hpctrain.comm.compression import wire_codec
 from hpctrain.comm.fused import sum_into
 from hpctrain.comm import tuner

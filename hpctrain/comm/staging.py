@@ -2,7 +2,7 @@
 
 MPI here reads host memory (mpi4py hands it NumPy views), so a bucket of device parameters keeps
 two buffer sets: ``Staging.dev``, the two device-side flat buffers that the ``p.grad`` views live
-in (double-buffered exactly like the host ``Bucket.bufs``, see :mod:`hpctrain.comm.base`), and
+in (double-buffered exactly like the host ``Bucket.bufs``, see :mod:`hpctrain.comm.buckets`), and
 the bucket's host buffers, which the strategies reduce exactly as they reduce a CPU bucket
 (pinned memory for ``flat``; for ``hierarchical`` the shared window, page-locked with the CUDA
 driver by :class:`hpctrain.comm.cuda_mpi.HostRegistry`). A round is::
@@ -27,7 +27,7 @@ which never blocks the host or the compute stream) beside MPI requests. In a blo
 blocking collectives must start in bucket order on every rank. Both paths run the same
 arithmetic on the same bytes.
 
-Where a bucket's gradients live is decided in one place, :func:`hpctrain.comm.base.make_buckets`,
+Where a bucket's gradients live is decided in one place, :func:`hpctrain.comm.buckets.make_buckets`,
 by :func:`route`: CPU buckets stay as they are ("host"); a device bucket is "staged", or
 "direct" (no staging: its buffers go to MPI as they are) when the MPI library is CUDA-aware
 (:func:`hpctrain.comm.cuda_mpi.cuda_aware`), the strategy lets MPI sum the bucket's own buffers

@@ -120,7 +120,7 @@ def test_staged_mean_readable_without_scatter(strategy, codec, monkeypatch, clos
 
 
 def test_cpu_buckets_are_not_staged_without_the_switch(monkeypatch):
-    from hpctrain.comm.base import make_buckets
+    from hpctrain.comm.buckets import make_buckets
     monkeypatch.delenv(staging.TEST_SWITCH, raising=False)
     ps = [torch.nn.Parameter(torch.zeros(10)) for _ in range(3)]
     assert all(b.staging is None for b in make_buckets(ps, bucket_bytes=80))

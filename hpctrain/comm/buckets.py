@@ -1,0 +1,218 @@
+"""Fusion buckets: where a rank's gradients live, and how they get in and out.
+
+Gradients live in the buckets (DDP's ``gradient_as_bucket_view``). Each bucket has two buffers
+that swap roles every round: round t reduces ``bufs[t % 2]`` (the input, ``flat``) into
+``bufs[(t + 1) % 2]`` (``out``), and ``finish(scatter=True)`` makes every ``p.grad`` a view of
+its slice of ``out``: no copy. The next backward accumulates into those views (autograd adds
+into an existing ``.grad`` in place), which are exactly round t+1's input, so a step with the
+default ``zero_grad(set_to_none=False)`` moves no gradient byte outside the collective. Because
+the reduction is out of place, a rank's own gradients stay intact in ``flat`` until the next
+round: ``finish(scatter=False)`` leaves ``p.grad`` holding them (the non-finite diagnosis and
+OD-SGD need that), and :meth:`hpctrain.comm.base.GradSync.scatter_means` rebinds afterwards. For
+``hierarchical`` both buffers are this rank's memory in the shared window. Double buffering
+costs what the copying design cost (gradients + one bucket copy), DDP's single-buffer view mode
+half that.
+
+What breaks the views is handled where it is seen, at the start of a bucket (``gather``): a
+``p.grad`` that is not the view of the round's input (``zero_grad(set_to_none=True)`` then a
+backward that allocated a fresh tensor; an optimiser or user that assigned ``.grad``; a round
+that did not scatter) is copied in - one copy, as before - and ``None`` counts as zeros; the
+next scatter binds the views again. A second backward while a bucket is in flight: a tensor hook
+that runs before autograd accumulates gives that parameter a private ``.grad``, a copy of the
+round's input (its own gradient, which the out-of-place reduction never writes), so the new
+gradient accumulates there and the buffers in flight are never touched. The new gradients are
+*not* part of this round (a bucket is reduced once per round): ``finish(scatter=True)`` replaces
+them with the round's means, ``finish(scatter=False)`` leaves g1 + g2 in ``p.grad`` for the next
+round. Do not zero or assign ``.grad`` of a parameter whose bucket is in flight (OD-SGD keeps
+private gradients for its steps overlapping a round). :meth:`hpctrain.comm.base.GradSync.close`
+gives every parameter a private copy of its gradient before the buffers go.
+
+Where a bucket's memory lives (host, pinned host staging, or the device for a CUDA-aware MPI) is
+decided once, in :func:`make_buckets`; a strategy only supplies the allocator.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from hpctrain.comm import staging as staging_lib
+
+DEFAULT_BUCKET_BYTES = 25 * 2**20
+
+
+@dataclass
+class Bucket:
+    """Parameters whose gradients travel together; two flat buffers that swap roles each round."""
+    params: list            # torch.nn.Parameter, in bucket order
+    offsets: list           # element offset of each parameter in a buffer
+    bufs: list              # two 1-D buffers, dtype of the parameters
+    index: int
+    k: int = 1              # round t's input is bufs[k] (flipped when a round starts)
+    wire: torch.Tensor = None     # compressed strategies: gradients are packed here instead of
+    codec: object = None          # being read from ``flat``; the mean is left here, encoded,
+    encoded: bool = False         # until read (``result``) or bound (``scatter``)
+    views: list = field(default=None, repr=False)   # views[j][i]: params[i]'s slice of bufs[j]
+    staging: object = None        # device buckets: the device buffers the views live in
+                                  # (hpctrain.comm.staging); None: the views live in ``bufs``
+
+    def __post_init__(self):
+        homes = self.bufs if self.staging is None else self.staging.dev
+        self.views = [[buf[off:off + p.numel()].view_as(p) for p, off in zip(self.params, self.offsets)]
+                      for buf in homes]
+
+    @property
+    def flat(self) -> torch.Tensor:
+        """This round's input: this rank's gradients (``p.grad`` views of it during backward)."""
+        return self.bufs[self.k]
+
+    @property
+    def out(self) -> torch.Tensor:
+        """Where this round's mean lands (treat as read-only)."""
+        return self.bufs[1 - self.k]
+
+    @property
+    def n_elems(self) -> int:
+        return self.bufs[0].numel()
+
+    @property
+    def result(self) -> torch.Tensor:
+        """The mean over ranks after a round (decoded from the wire on first read; for a
+        staged bucket, copied to its device buffer on first read - an encoded mean as fp16,
+        decoded there - and returned from there)."""
+        if self.staging is not None:
+            wire, self.encoded = (self.wire if self.encoded else None), False
+            return self.staging.to_device(self.out, self.staging.dev[1 - self.k], self.codec, wire)
+        if self.encoded:
+            self.codec.unpack(self.wire, [self.out])
+            self.encoded = False
+        return self.out
+
+    def stage_in(self, scale: float) -> staging_lib.Ready:
+        """Staged bucket, after :meth:`gather_grads`: queue the copy of this round's input from
+        the device to the host buffer the strategy reduces; a compressed bucket packs
+        ``scale`` times it into fp16 on the device first and only the wire crosses
+        (:mod:`hpctrain.comm.staging`). Returns what the reduction must wait on."""
+        st = self.staging
+        if self.wire is None:
+            return st.to_host(st.dev[self.k], self.flat)
+        self.wire = st.host_wire(self.wire)
+        return st.to_host(st.dev[self.k], self.flat, self.codec, self.wire, scale)
+
+    def next_round(self) -> None:
+        """Swap the buffers: the last round's ``out`` (where ``p.grad`` views point after a
+        scatter) becomes this round's input."""
+        self.k ^= 1
+        self.encoded = False
+
+    def gather_grads(self, scale: float = 1.0) -> None:
+        """Make this round's input hold this rank's gradients (zeros where a grad is missing).
+
+        A ``p.grad`` that already is its view of ``flat`` costs nothing; any other is copied.
+        One that is its view of ``out`` (the last round did not bind means) moves into ``flat``
+        and is rebound there, since ``out`` is about to receive the mean. A compressed bucket
+        packs ``scale`` times the gradients straight into its wire buffer (pre-division before
+        anything is rounded to fp16) instead of copying; a full-precision bucket leaves the
+        scaling to the reduction, which folds it into its last add.
+        """
+        mine, theirs = self.views[self.k], self.views[1 - self.k]
+        packed = self.wire is not None and self.staging is None    # staged: packed in stage_in
+        srcs = []
+        for i, (p, v) in enumerate(zip(self.params, mine)):
+            g = p.grad
+            if g is None:
+                g = v.zero_()
+            elif g is theirs[i]:
+                v.copy_(g)
+                p.grad = g = v
+            elif g is not v and not packed:
+                v.copy_(g)
+            srcs.append(g)
+        if packed:
+            self.codec.pack([g.reshape(-1) for g in srcs], self.wire, scale)
+
+    def scatter_grads(self) -> None:
+        """Bind every ``p.grad`` to its view of the mean (decoding the wire into ``out`` first
+        if the mean is still encoded: one pass, like the copy it replaces)."""
+        self.result
+        for p, v in zip(self.params, self.views[1 - self.k]):
+            if p.grad is not v:
+                p.grad = v
+
+    def owns(self, p_index: int, grad) -> bool:
+        """Is ``grad`` one of this bucket's views for ``params[p_index]``?"""
+        return grad is not None and (grad is self.views[0][p_index] or grad is self.views[1][p_index])
+
+    def release(self) -> None:
+        """Give every parameter whose ``.grad`` is a view of these buffers a private copy."""
+        for i, p in enumerate(self.params):
+            if self.owns(i, p.grad):
+                p.grad = p.grad.clone()
+        if self.staging is not None:    # host memory unregistered before the strategy frees it
+            self.staging.release()
+
+
+def _groups(params, bucket_bytes: int) -> list[list]:
+    """Parameters grouped into buckets of about ``bucket_bytes``, last-defined first."""
+    buckets, cur, cur_bytes = [], [], 0
+    for p in reversed(list(params)):
+        n_bytes = p.numel() * p.element_size()
+        if cur and (cur_bytes + n_bytes > bucket_bytes or p.dtype != cur[0].dtype
+                    or p.device != cur[0].device):
+            buckets.append(cur)
+            cur, cur_bytes = [], 0
+        cur.append(p)
+        cur_bytes += n_bytes
+    if cur:
+        buckets.append(cur)
+    return buckets
+
+
+def make_buckets(params, bucket_bytes: int, alloc=None, direct_ok: bool = False) -> list[Bucket]:
+    """Group parameters into buckets of about ``bucket_bytes``, last-used (last-defined) first.
+
+    Backward produces gradients roughly in reverse definition order, so reversing lets the first
+    bucket be complete earliest (PyTorch DDP and Horovod fuse the same way). Parameters of a
+    different dtype or device start a new bucket. ``alloc(n_elems, dtype, index, which)``
+    provides each bucket's two host buffers, the ones MPI reads (``which`` 0 and 1; default:
+    fresh zeroed tensors; the hierarchical strategy hands out window memory); a staged bucket's
+    are asked for with ``pinned=True`` where CUDA can use page-locked memory.
+
+    This is the one place that decides where a bucket's gradients live
+    (:func:`hpctrain.comm.staging.route`): a bucket of CPU parameters keeps them in its host
+    buffers; any other bucket is staged (:mod:`hpctrain.comm.staging`): the gradients live in
+    device buffers and cross to the host buffers around each reduction; host memory the CUDA
+    driver did not allocate (a shared window) is registered with it until ``Bucket.release``.
+    With ``direct_ok`` (the strategy lets MPI sum the bucket's own buffers) and an MPI library
+    that takes device buffers (:func:`hpctrain.comm.staging.mpi_takes_device_buffers`) a device
+    bucket's buffers are on the device and go to MPI as they are, with no staging.
+    ``HPCTRAIN_TEST_STAGING=1`` routes CPU buckets like device ones (tests).
+    """
+    alloc = alloc or (lambda n, dtype, i, which, pinned=False: torch.zeros(n, dtype=dtype, pin_memory=pinned))
+    force = staging_lib.forced()
+    registry = staging_lib.HostRegistry(staging_lib.cuda_mpi.cudart())
+    out = []
+    for i, group in enumerate(_groups(params, bucket_bytes)):
+        offsets = np.cumsum([0] + [p.numel() for p in group[:-1]]).tolist()
+        n, dtype, device = sum(p.numel() for p in group), group[0].dtype, group[0].device
+        direct = direct_ok and (force or device.type != "cpu") and staging_lib.mpi_takes_device_buffers(device)
+        where = staging_lib.route(device.type, forced=force, direct=direct)
+        staging = None
+        if where == "direct":       # MPI reads the device buffers themselves: nothing to stage
+            bufs = [torch.zeros(n, dtype=dtype, device=device) for _ in (0, 1)]
+        elif where == "staged":
+            staging = staging_lib.Staging(n, dtype, device, registry)
+            pinned = staging_lib.pin_host()
+            bufs = [alloc(n, dtype, i, which, pinned=True) if pinned else alloc(n, dtype, i, which)
+                    for which in (0, 1)]
+        else:
+            bufs = [alloc(n, dtype, i, which) for which in (0, 1)]
+        out.append(Bucket(params=group, offsets=offsets, bufs=bufs, index=i, staging=staging))
+    registry.register([buf for b in out if b.staging is not None for buf in b.bufs])
+    return out
+
+
+def bucket_sizes(params, bucket_bytes: int) -> list[tuple[int, torch.dtype]]:
+    """``(n_elems, dtype)`` of each bucket :func:`make_buckets` would build (allocates nothing)."""
+    return [(sum(p.numel() for p in g), g[0].dtype) for g in _groups(params, bucket_bytes)]
