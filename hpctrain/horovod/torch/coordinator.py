@@ -1,0 +1,206 @@
+"""Agreement before every ad-hoc collective: mismatches end the job in one line, never a hang.
+
+Horovod's coordinator (rank 0 of its background thread) collects what each rank is ready to
+reduce and answers with what to run, so ranks that ask for different tensors get an error instead
+of a deadlock or a wrong sum. hpctrain has no background thread; the same agreement happens when a
+collective is *submitted*: each rank sends rank 0 a :class:`Sig` (kind, name, dtype, shape, op,
+root), rank 0 compares them (:func:`judge`, a pure function) and answers every rank with a
+verdict. Since submission blocks until the verdict, every rank then posts its MPI collectives in
+the same order, so non-blocking collectives never cross.
+
+What rank 0 sees also gives two Horovod behaviours for free:
+
+* **Stalls.** A rank that does not submit within ``HOROVOD_STALL_CHECK_TIME_SECONDS`` (60) is
+  named in a warning; past ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` (hpctrain's default 600; 0:
+  never) the job ends with one line naming the missing ranks and status 2.
+* **join.** A rank that called ``join()`` submits ``join`` instead; rank 0 tells it which
+  collective the others run, and it takes part with a neutral contribution (zeros for sums,
+  no rows for allgather). When every rank has joined, each gets the last rank to join.
+
+Cost: two small messages per rank per collective through rank 0 (measured in docs/horovod.md);
+the gradient path of ``DistributedOptimizer`` agrees once per step, not per tensor.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Callable, NamedTuple
+
+from mpi4py import MPI
+
+TAG_SIG, TAG_VERDICT = 7301, 7302
+GRACE_S = 15.0          # non-coordinators wait this much longer, so rank 0's line is the one shown
+
+
+class Sig(NamedTuple):
+    """What a rank is about to call. ``shape`` holds what must match (``*`` where a dimension may
+    differ); ``extra`` is this rank's own part (allgather rows, alltoall splits), never compared."""
+    kind: str
+    name: str
+    dtype: str = ""
+    shape: tuple = ()
+    op: str = ""
+    root: int = -1
+    extra: object = None
+
+    def describe(self) -> str:
+        parts = [self.kind, repr(self.name)]
+        if self.dtype:
+            parts.append(self.dtype)
+        if self.shape:
+            parts.append("[" + ", ".join(str(d) for d in self.shape) + "]")
+        if self.op:
+            parts.append(f"op={self.op}")
+        if self.root >= 0:
+            parts.append(f"root={self.root}")
+        return " ".join(parts)
+
+    def key(self) -> tuple:
+        return self[:6]
+
+
+class Verdict(NamedTuple):
+    """Rank 0's answer: ``error`` (one line) or the collective to run (``sig``: what the active
+    ranks submitted, for joined ranks to mirror), the joined ranks, every rank's ``extra``
+    where the collective needs it, and ``last_joined`` once every rank has joined."""
+    error: str | None = None
+    sig: Sig | None = None
+    joined: tuple = ()
+    extras: tuple = ()
+    last_joined: int = -1
+
+
+def _ranks(rs) -> str:
+    rs = sorted(rs)
+    return ("rank " if len(rs) == 1 else "ranks ") + ",".join(map(str, rs))
+
+
+def judge(sigs: list[Sig], refuse_joined: Callable[[Sig, tuple], str | None] = lambda s, j: None) -> Verdict:
+    """Rank 0's comparison of every rank's :class:`Sig` (index = rank). Pure: unit-tested alone."""
+    joined = tuple(r for r, s in enumerate(sigs) if s.kind == "join")
+    active = [(r, s) for r, s in enumerate(sigs) if s.kind != "join"]
+    if not active:
+        return Verdict(joined=joined)
+    groups: dict[tuple, list[int]] = {}
+    for r, s in active:
+        groups.setdefault(s.key(), []).append(r)
+    if len(groups) > 1:
+        by_rank = {r: s for r, s in active}
+        what = "; ".join(f"{_ranks(rs)}: {by_rank[rs[0]].describe()}" for rs in groups.values())
+        return Verdict(error=f"hpctrain.horovod: ranks called different collectives ({what}); "
+                             "every rank must make the same calls in the same order")
+    sig = active[0][1]
+    if joined:
+        why = refuse_joined(sig, joined)
+        if why:
+            return Verdict(error=f"hpctrain.horovod: {sig.describe()} while {_ranks(joined)} "
+                                 f"joined: {why}")
+    extras = tuple(s.extra for s in sigs) if sig.extra is not None else ()
+    return Verdict(sig=sig, joined=joined, extras=extras)
+
+
+def _env_seconds(name: str, default: float) -> float:
+    raw = os.environ.get(name, "")
+    try:
+        return float(raw) if raw.strip() else default
+    except ValueError:
+        raise ValueError(f"{name}: expected seconds, got {raw!r}") from None
+
+
+class Coordinator:
+    """Rank 0 agrees every collective with every rank over its own duplicate of ``comm``."""
+
+    def __init__(self, comm: MPI.Comm, refuse_joined: Callable[[Sig, tuple], str | None] = lambda s, j: None):
+        self.comm = comm.Dup()
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.warn_s = _env_seconds("HOROVOD_STALL_CHECK_TIME_SECONDS", 60.0)
+        self.abort_s = _env_seconds("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", 600.0)
+        self.refuse_joined = refuse_joined
+        self._join_order: list[int] = []     # rank 0: ranks in the order they joined
+        self.n_agreed = 0
+
+    def agree(self, sig: Sig) -> Verdict:
+        """Block until rank 0 has compared ``sig`` with every rank's; end the job on an error."""
+        self.n_agreed += 1
+        if self.size == 1:
+            return Verdict(sig=sig, extras=(sig.extra,) if sig.extra is not None else (),
+                           last_joined=0 if sig.kind == "join" else -1)
+        verdict = self._coordinate(sig) if self.rank == 0 else self._ask(sig)
+        if verdict.error:
+            self._fail(verdict.error, speak=self.rank == 0)
+        return verdict
+
+    # --- rank 0 -------------------------------------------------------------------------------
+    def _coordinate(self, mine: Sig) -> Verdict:
+        sigs: list[Sig | None] = [mine] + [None] * (self.size - 1)
+        t0, warned = time.monotonic(), False
+        missing = self.size - 1
+        spins = 0
+        while missing:
+            status = MPI.Status()
+            if self.comm.iprobe(MPI.ANY_SOURCE, TAG_SIG, status):
+                r = status.Get_source()
+                sigs[r] = self.comm.recv(source=r, tag=TAG_SIG)
+                missing -= 1
+                continue
+            waited = time.monotonic() - t0
+            late = [r for r, s in enumerate(sigs) if s is None]
+            if not warned and waited > self.warn_s:
+                warned = True
+                sys.stderr.write(f"hpctrain.horovod: warning: {_ranks(late)} not at {mine.describe()} "
+                                 f"after {waited:.0f} s (the others wait there)\n")
+                sys.stderr.flush()
+            if self.abort_s > 0 and waited > self.abort_s:
+                error = (f"hpctrain.horovod: {_ranks(late)} did not reach {mine.describe()} within "
+                         f"{self.abort_s:.0f} s (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS); ending the job")
+                self._fail(error, speak=True)
+            spins = _pause(spins)
+        for r, s in enumerate(sigs):
+            if s.kind == "join" and r not in self._join_order:
+                self._join_order.append(r)
+        verdict = judge(sigs, self.refuse_joined)
+        if verdict.error is None and len(verdict.joined) == self.size:
+            verdict = verdict._replace(last_joined=self._join_order[-1])
+            self._join_order = []
+        for r in range(1, self.size):
+            self.comm.send(verdict, dest=r, tag=TAG_VERDICT)
+        return verdict
+
+    # --- every other rank ---------------------------------------------------------------------
+    def _ask(self, sig: Sig) -> Verdict:
+        self.comm.send(sig, dest=0, tag=TAG_SIG)
+        t0, warned, spins = time.monotonic(), False, 0
+        while not self.comm.iprobe(0, TAG_VERDICT):
+            waited = time.monotonic() - t0
+            if not warned and waited > self.warn_s + GRACE_S and self.rank == 1:
+                warned = True
+                sys.stderr.write(f"hpctrain.horovod: warning: rank 0 has not answered {sig.describe()} "
+                                 f"after {waited:.0f} s\n")
+                sys.stderr.flush()
+            if self.abort_s > 0 and waited > self.abort_s + GRACE_S:
+                self._fail(f"hpctrain.horovod: rank 0 did not reach {sig.describe()} within "
+                           f"{self.abort_s:.0f} s (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS); ending the job",
+                           speak=self.rank == 1)
+            spins = _pause(spins)
+        return self.comm.recv(source=0, tag=TAG_VERDICT)
+
+    def _fail(self, line: str, speak: bool) -> None:
+        """One line from one rank, then the whole job ends with status 2 (a user error)."""
+        if speak:
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+        time.sleep(0.3 if speak else 2.0)     # the speaker's line first; its abort usually wins
+        self.comm.Abort(2)
+
+    def close(self) -> None:
+        if self.comm != MPI.COMM_NULL:
+            self.comm.Free()
+
+
+def _pause(spins: int) -> int:
+    """Spin briefly (a collective's partners usually arrive within microseconds), then sleep
+    with a growing pause (oversubscribed cores: a spinning rank steals time from the others)."""
+    if spins > 50:
+        time.sleep(min(1e-3, 1e-5 * (spins - 50)))
+    return spins + 1
