@@ -48,7 +48,7 @@ def post_allreduce(comm: MPI.Comm, tensor: torch.Tensor, output: torch.Tensor, o
     factor = postscale / comm.Get_size() if op == B.Average else postscale
 
     def finish():
-        output.copy_(B.scale_(work, factor).view_as(output))
+        output.detach().copy_(B.scale_(work, factor).view_as(output))   # detach: leaf params too
         return output
     return InFlight([req], finish)
 
@@ -69,7 +69,7 @@ def post_grouped_allreduce(comm, tensors, outputs, op, prescale=1.0, postscale=1
             offset = 0
             for i in idx:
                 n = outputs[i].numel()
-                outputs[i].copy_(flat[offset:offset + n].view_as(outputs[i]))
+                outputs[i].detach().copy_(flat[offset:offset + n].view_as(outputs[i]))
                 offset += n
         finishes.append(finish)
 
@@ -101,7 +101,7 @@ def post_broadcast(comm: MPI.Comm, tensor: torch.Tensor, output: torch.Tensor, r
 
     def finish():
         if buf.data_ptr() != output.data_ptr():
-            output.copy_(buf.view_as(output))
+            output.detach().copy_(buf.view_as(output))
         return output
     return InFlight([req], finish)
 
