@@ -4,8 +4,13 @@
 #
 # Arguments of every script (flags > scheduler allocation > environment > defaults):
 #   --nodes N  --ranks-per-node R  --gpus-per-node G  --cpus-per-rank C
-#   --config FILE  --run-dir DIR  --resume auto|PATH|none  --dry-run  [--] [hpctrain options…]
+#   --config FILE  --run-dir DIR  --resume auto|PATH|none  --script FILE  --dry-run
+#   [--] [hpctrain options…, or the --script's own arguments]
 # (script options first: the first unknown argument, or --, starts hpctrain's own options).
+# --script FILE (HPCTRAIN_SCRIPT) runs your own training script instead of `python -m hpctrain`
+# (a Horovod script on hpctrain.horovod.torch, a DDP script on hpctrain.ddp) with the same shape,
+# binding, staging and signal forwarding; --config, --run-dir and --resume are hpctrain's and
+# are not passed to it.
 # HPCTRAIN_DRY_RUN=1 is the same as --dry-run.
 # Environment: HPCTRAIN_HOME (repository; default: the submit directory), HPCTRAIN_MPI
 # (openmpi, the default, or mpich: which MPI the mpirun/mpiexec scripts launch with, see
@@ -57,6 +62,7 @@ hpctrain_parse_args() {
       --config) CONFIG=$2; shift 2 ;;
       --run-dir) RUN_DIR=$2; shift 2 ;;
       --resume) RESUME=$2; shift 2 ;;
+      --script) SCRIPT=$2; shift 2 ;;
       --dry-run) DRY_RUN=1; shift ;;
       --) shift; EXTRA=("$@"); break ;;
       *) EXTRA=("$@"); break ;;
@@ -93,7 +99,7 @@ hpctrain_init() {
   NODES=${NODES:-1} RANKS_PER_NODE=${RANKS_PER_NODE:-2} GPUS_PER_NODE=${GPUS_PER_NODE:-0}
   CPUS_PER_RANK=${CPUS_PER_RANK:-}
   CONFIG=${CONFIG:-} RUN_DIR=${RUN_DIR:-runs/job-${SLURM_JOB_ID:-${PBS_JOBID:-${LSB_JOBID:-local}}}}
-  RESUME=${RESUME:-auto}
+  RESUME=${RESUME:-auto} SCRIPT=${HPCTRAIN_SCRIPT:-}
   hpctrain_shape_from_scheduler
   hpctrain_parse_args "$@"
   if [ -z "$CPUS_PER_RANK" ]; then
@@ -117,6 +123,7 @@ hpctrain_init() {
        --set "train.threads=$CPUS_PER_RANK")
   [ -n "$CONFIG" ] && APP+=(--config "$CONFIG")
   APP+=("${EXTRA[@]}")
+  [ -n "$SCRIPT" ] && APP=("$PY" "$SCRIPT" "${EXTRA[@]}")   # your own script, its own arguments
   cd "$HPCTRAIN_HOME" || return
 }
 

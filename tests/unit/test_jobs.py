@@ -145,3 +145,14 @@ def test_bind_passes_arguments_and_exit_status_through():
     r = subprocess.run([str(ROOT / "jobs/common/bind.sh"), "bash", "-c", 'echo "$1|$2"; exit 7', "_", "a b", "c"],
                        capture_output=True, text=True, env=clean_env())
     assert r.returncode == 7 and r.stdout == "a b|c\n"
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_script_option_runs_the_users_own_script(script):
+    """--script: a Horovod or DDP script gets the same shape and binding, and only its own
+    arguments (no --run-dir or hpctrain options)."""
+    out, argv = dry_run(script, "--nodes", "2", "--ranks-per-node", "4", "--script",
+                        "examples/horovod/train.py", "--", "--epochs", "3")
+    _, app = app_tail(argv)
+    assert app[1:] == ["examples/horovod/train.py", "--epochs", "3"], app
+    assert app[0].endswith("python")
