@@ -88,6 +88,9 @@ class GradSync:
         chosen = f" ({self.chosen_by})" if getattr(self, "chosen_by", "") else ""
         staged = [b.staging for b in self.buckets if b.staging is not None]
         where = f", {len(staged)} staged from {staged[0].describe()}" if staged else ""
+        direct = [b for b in self.buckets if b.staging is None and b.bufs[0].device.type != "cpu"]
+        if direct:      # a CUDA-aware MPI reads these buffers where they are
+            where += f", {len(direct)} handed to MPI on {direct[0].bufs[0].device}"
         tuned = f", {len(self.measured)} size(s) measured" if self.measured else ""
         return (f"{self.name}{chosen}, compression={self.codec.name}, overlap={self.overlap}{tuned}, "
                 f"{len(self.buckets)} bucket(s) of {mib:.1f} MiB in all ({how or 'none'}); "
