@@ -220,6 +220,11 @@ class GradSync:
         for h in self._hooks:
             h.remove()
         self._hooks = []
+        # Copies still in flight read or write the host buffers: every bucket's are complete
+        # before any memory is unregistered (the registry is shared) or freed.
+        for bucket in self.buckets:
+            if bucket.staging is not None:
+                bucket.staging.drain()
         for bucket in self.buckets:
             bucket.release()
         self._free()

@@ -1,0 +1,75 @@
+"""The order of the staged path's CUDA calls, on CPU stand-ins (issue 22).
+
+No GPU where this is developed: :mod:`hpctrain.comm.streams` is replaced by the recording fake of
+``tests/unit/fake_cuda.py`` (CPU tensors take the CUDA code paths; copies and kernels run on the
+CPU at once; every stream/event call is logged) and the CUDA runtime's host registration by a
+recording fake, so each test asserts an order a GPU would depend on:
+
+* ``close()`` blocks on every bucket's copy events (device-to-host and host-to-device) before
+  any host memory is unregistered, and the window is freed last (finding 9).
+"""
+import pytest
+import torch
+from mpi4py import MPI
+
+from hpctrain import comm as comm_lib
+from hpctrain.comm import cuda_mpi, staging, streams
+from hpctrain.comm.window import SharedWindow
+from hpctrain.topology import Topology
+from tests.unit.fake_cuda import FakeCuda
+
+pytestmark = pytest.mark.mpi
+
+
+class LoggingCudart:
+    def __init__(self, log):
+        self.log = log
+
+    def cudaHostRegister(self, ptr, n_bytes, flags):
+        self.log.append(("register", ptr))
+        return 0
+
+    def cudaHostUnregister(self, ptr):
+        self.log.append(("unregister", ptr))
+        return 0
+
+
+def fake_device(monkeypatch):
+    """Staged buckets whose streams, events and host registration are recorded in one log."""
+    fake = FakeCuda()
+    monkeypatch.setattr(streams, "API", fake)
+    monkeypatch.setattr(cuda_mpi, "cudart", lambda: LoggingCudart(fake.log))
+    monkeypatch.setenv(staging.TEST_SWITCH, "1")
+    monkeypatch.setenv(cuda_mpi.AWARE_SWITCH, "0")
+    return fake
+
+
+def backward(params, comm):
+    loss = sum((p * (comm.Get_rank() + 1.0)).sum() for p in params)
+    loss.backward()
+
+
+@pytest.mark.parametrize("strategy", ["flat", "hierarchical"])
+def test_close_waits_for_every_copy_before_memory_is_unregistered_or_freed(strategy, monkeypatch, closer):
+    fake = fake_device(monkeypatch)
+    real_free = SharedWindow.free
+    monkeypatch.setattr(SharedWindow, "free", lambda self: fake.log.append(("free window",)) or real_free(self))
+    topo = closer(Topology.create(MPI.COMM_WORLD, ranks_per_node=2))
+    params = [torch.nn.Parameter(torch.zeros(n)) for n in (3000, 5, 70000)]
+    sync = closer(comm_lib.create(strategy, params, topo, bucket_bytes=16 * 1024))
+    assert len(sync.buckets) > 1
+    backward(params, topo.comm)
+    sync.allreduce_grads()              # each bucket: a D2H copy event, and the H2D copy's
+    n = topo.comm.Get_size()
+    want = sum(r + 1.0 for r in range(n)) / n
+    assert all(torch.allclose(p.grad, torch.full_like(p, want)) for p in params)
+    fake.log.clear()
+    sync.close()
+    log = fake.log
+    events = {e for b in sync.buckets for e in (b.staging.ready.event.name, b.staging.back.event.name)}
+    synced = [i for i, e in enumerate(log) if e[0] == "event sync" and e[1] in events]
+    unregistered = [i for i, e in enumerate(log) if e[0] == "unregister"]
+    assert {log[i][1] for i in synced} == events, "a copy event was not waited for"
+    assert unregistered and max(synced) < min(unregistered), log
+    if strategy == "hierarchical":
+        assert log[-1] == ("free window",) and max(unregistered) < len(log) - 1
