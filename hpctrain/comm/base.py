@@ -123,18 +123,28 @@ class GradSync:
         return sorted(self._pending)
 
     def _start(self, bucket: Bucket) -> None:
+        self._launch(bucket, self._queue_input(bucket))
+
+    def _queue_input(self, bucket: Bucket):
+        """Begin a bucket's round: its input gathered, and for a device bucket the copy to the
+        host queued (staged) or an event on the compute stream recorded (direct). Returns what
+        the reduction waits on first (None: nothing)."""
         for callback in self.on_start:
             callback(bucket.index)
         bucket.next_round()
         bucket.gather_grads(self.gather_scale)
+        if bucket.staging is not None:
+            return bucket.stage_in(self.gather_scale)
+        if bucket.flat.device.type != "cpu":    # direct: MPI reads device memory backward wrote
+            return staging_lib.produced(bucket.flat)
+        return None
+
+    def _launch(self, bucket: Bucket, ready) -> None:
+        """Start the reduction once ``ready`` (:meth:`_queue_input`) has completed; a blocking
+        round waits for it here, so blocking collectives start in bucket order everywhere."""
         reduction = self.reduce_bucket(bucket)
-        if bucket.staging is not None:  # starts once the copy to the host is done; a blocking
-            # round waits for it here, so blocking collectives start in bucket order everywhere
-            reduction = staging_lib.after(bucket.stage_in(self.gather_scale), reduction,
-                                          wait=self.blocking_round)
-        elif bucket.flat.device.type != "cpu":  # direct: MPI reads device memory backward wrote
-            reduction = staging_lib.after(staging_lib.produced(bucket.flat), reduction,
-                                          wait=self.blocking_round)
+        if ready is not None:
+            reduction = staging_lib.after(ready, reduction, wait=self.blocking_round)
         self._pending[bucket.index] = Pending(reduction)
 
     def _before_accumulate(self, p):
@@ -169,12 +179,17 @@ class GradSync:
         return GradSync.poll(self)
 
     def begin(self) -> None:
-        """Start every bucket not started yet (non-blocking)."""
+        """Start every bucket not started yet (non-blocking).
+
+        Every bucket's input is queued (device-to-host copies on their side streams) before the
+        first reduction starts: a blocking round runs each reduction to its end as it starts,
+        and bucket k+1's copy then crosses PCIe while bucket k is reduced."""
         if self.closed:
             raise RuntimeError("GradSync used after close()")
-        for bucket in self.buckets:
-            if bucket.index not in self._pending:
-                self._start(bucket)
+        todo = [b for b in self.buckets if b.index not in self._pending]
+        readies = [self._queue_input(b) for b in todo]
+        for bucket, ready in zip(todo, readies):
+            self._launch(bucket, ready)
 
     def finish(self, scatter: bool = True) -> bool:
         """Wait for every bucket; with ``scatter`` bind each ``p.grad`` to its mean (a view).

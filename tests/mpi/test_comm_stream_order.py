@@ -7,6 +7,8 @@ recording fake, so each test asserts an order a GPU would depend on:
 
 * ``close()`` blocks on every bucket's copy events (device-to-host and host-to-device) before
   any host memory is unregistered, and the window is freed last (finding 9).
+* a blocking round queues every bucket's device-to-host copy before it reduces the first, and
+  waits (on the host) for each bucket's own copy event just before that bucket (finding 3).
 """
 import pytest
 import torch
@@ -73,3 +75,37 @@ def test_close_waits_for_every_copy_before_memory_is_unregistered_or_freed(strat
     assert unregistered and max(synced) < min(unregistered), log
     if strategy == "hierarchical":
         assert log[-1] == ("free window",) and max(unregistered) < len(log) - 1
+
+
+def log_reductions(sync, log):
+    """Append ("reduce", i) to ``log`` when bucket i's reduction starts running."""
+    real = sync.reduce_bucket
+
+    def reduce_bucket(bucket):
+        log.append(("reduce", bucket.index))
+        return (yield from real(bucket))
+    sync.reduce_bucket = reduce_bucket
+
+
+@pytest.mark.parametrize("strategy", ["flat", "hierarchical"])
+def test_blocking_round_queues_every_copy_before_the_first_reduction(strategy, monkeypatch, closer):
+    fake = fake_device(monkeypatch)
+    topo = closer(Topology.create(MPI.COMM_WORLD, ranks_per_node=2))
+    params = [torch.nn.Parameter(torch.zeros(n)) for n in (3000, 5, 70000, 20)]
+    sync = closer(comm_lib.create(strategy, params, topo, bucket_bytes=16 * 1024))
+    log_reductions(sync, fake.log)
+    copy_event = {b.staging.ready.event.name: b.index for b in sync.buckets}
+    assert len(copy_event) > 2
+    for _ in range(2):
+        fake.log.clear()
+        backward(params, topo.comm)
+        sync.allreduce_grads()          # nothing started before: a blocking round
+        log = fake.log
+        queued = [i for i, e in enumerate(log) if e[0] == "record" and e[1] in copy_event]
+        reduced = [i for i, e in enumerate(log) if e[0] == "reduce"]
+        assert len(queued) == len(reduced) == len(sync.buckets)
+        assert max(queued) < min(reduced), log
+        for i in reduced:               # just before each reduction: its own copy event, once
+            waited = [e for e in log[:i] if e[0] == "event sync" and e[1] in copy_event]
+            assert [copy_event[e[1]] for e in waited] == list(range(log[i][1] + 1))
+        assert [log[i][1] for i in reduced] == list(range(len(sync.buckets)))
