@@ -33,11 +33,14 @@ the ring (``Isend``/``Irecv``, which a CUDA-aware MPI does take) otherwise (:fun
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
 from mpi4py import MPI
 
-from hpctrain.comm import cuda_mpi
+from hpctrain.comm import cuda_mpi, streams
+from hpctrain.comm.staging import DONE, Ready
 from hpctrain.comm.fused import nonfinite, scale_and_check
 
 SMALL_BYTES = 64 * 1024
@@ -63,11 +66,17 @@ as NumPy views, the path measured in the benchmarks. Tests add ``"cpu"`` to run 
 hand-off on CPU tensors (mpi4py 4 takes them through DLPack too)."""
 
 
-def _settle(t: torch.Tensor) -> None:
-    """Before MPI reads device memory a kernel just wrote: wait for the current stream (a
-    CUDA-aware MPI does not order itself after torch's streams). No-op for host memory."""
-    if t.device.type == "cuda":
-        torch.cuda.current_stream(t.device).synchronize()
+def _on(stream):
+    """Run the ring's kernels on its own stream (device buffers), or where they are (host)."""
+    return streams.API.stream(stream) if stream is not None else contextlib.nullcontext()
+
+
+def _settled(ready):
+    """Generator: before MPI reads device memory a ring kernel wrote (a CUDA-aware MPI does not
+    order itself after torch's streams), wait for that kernel's event, polled like a request:
+    the ring's own stream only, never the compute stream, which keeps running backward."""
+    if not ready.test():
+        yield [ready]
 
 
 def _arr(t: torch.Tensor):
@@ -117,7 +126,7 @@ class RingBuffers:
     (:func:`nonblocking_mpi_ok` of ``device``) whether its non-blocking rounds may use MPI's
     ``Iallreduce``; where not, the ring's buffers are allocated for them too."""
 
-    __slots__ = ("recv", "scratch", "bounds", "method", "nbc_ok")
+    __slots__ = ("recv", "scratch", "bounds", "method", "nbc_ok", "stream", "step_done")
 
     def __init__(self, n_elems: int, dtype, n_ranks: int, codec, method: str = "ring", device="cpu"):
         self.bounds = chunk_bounds(n_elems, n_ranks)
@@ -131,6 +140,13 @@ class RingBuffers:
             scratch = (tuple(t.to(device) for t in scratch) if isinstance(scratch, tuple)
                        else scratch.to(device))
         self.scratch = scratch
+        # Device buffers: the ring's kernels run on a stream of its own and MPI reads what they
+        # wrote once this event (re-recorded each step) has completed (:func:`_settled`).
+        api = streams.API
+        self.stream = api.Stream(device) if api.handles(device) else None
+        self.step_done = Ready(api.Event()) if self.stream is not None else DONE
+        if self.stream is not None:     # the buffers above were made on the compute stream
+            self.stream.wait_stream(api.current_stream(device))
 
 
 def ring_allreduce(buf: RingBuffers, comm: MPI.Comm, codec, src: torch.Tensor, dst: torch.Tensor,
@@ -184,12 +200,17 @@ def ring_allreduce(buf: RingBuffers, comm: MPI.Comm, codec, src: torch.Tensor, d
     for s in range(n - 1):
         send, recv = part(r - s), part(r - s - 1)
         tmp = buf.recv[:recv.stop - recv.start]
+        if s:                           # MPI reads the partial sum the last step's kernel wrote
+            yield from _settled(buf.step_done)
         yield [comm.Isend(_msg((src if s == 0 else dst)[send]), right, TAG_SCATTER),
                comm.Irecv(_msg(tmp), left, TAG_SCATTER)]
         last = s == n - 2
-        found = codec.reduce(dst[recv], tmp, buf.scratch, check=last, src=src[recv],
-                             scale=scale if last else 1.0)
-        _settle(dst)                    # MPI reads that partial sum next: the kernel must be done
+        with _on(buf.stream):
+            found = codec.reduce(dst[recv], tmp, buf.scratch, check=last, src=src[recv],
+                                 scale=scale if last else 1.0)
+            if buf.stream is not None:
+                buf.step_done.event.record(buf.stream)
+    yield from _settled(buf.step_done)  # the allgather sends the chunk completed last
     flag = np.array([found], dtype=np.uint8)
     reqs = [comm.Iallreduce(MPI.IN_PLACE, flag, op=MPI.MAX)]
     for s in range(n - 1):

@@ -9,13 +9,16 @@ recording fake, so each test asserts an order a GPU would depend on:
   any host memory is unregistered, and the window is freed last (finding 9).
 * a blocking round queues every bucket's device-to-host copy before it reduces the first, and
   waits (on the host) for each bucket's own copy event just before that bucket (finding 3).
+* the direct route's ring runs its kernels on its own stream and, before MPI reads what a
+  kernel wrote, waits for that kernel's event only: never for the whole compute stream
+  (finding 4).
 """
 import pytest
 import torch
 from mpi4py import MPI
 
 from hpctrain import comm as comm_lib
-from hpctrain.comm import cuda_mpi, staging, streams
+from hpctrain.comm import cuda_mpi, ring, staging, streams
 from hpctrain.comm.window import SharedWindow
 from hpctrain.topology import Topology
 from tests.unit.fake_cuda import FakeCuda
@@ -109,3 +112,34 @@ def test_blocking_round_queues_every_copy_before_the_first_reduction(strategy, m
             waited = [e for e in log[:i] if e[0] == "event sync" and e[1] in copy_event]
             assert [copy_event[e[1]] for e in waited] == list(range(log[i][1] + 1))
         assert [log[i][1] for i in reduced] == list(range(len(sync.buckets)))
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_direct_ring_waits_on_its_own_events_not_the_compute_stream(overlap, monkeypatch, closer):
+    fake = fake_device(monkeypatch)
+    monkeypatch.setenv(cuda_mpi.AWARE_SWITCH, "1")       # direct: device buffers go to MPI
+    monkeypatch.setattr(ring, "AS_TENSOR", frozenset({"cpu", "cuda"}))
+    msg = ring._msg
+    monkeypatch.setattr(ring, "_msg", lambda t: fake.log.append(("post",)) or msg(t))
+    topo = closer(Topology.create(MPI.COMM_WORLD, ranks_per_node=1))
+    comm = topo.comm
+    params = [torch.nn.Parameter(torch.zeros(1_200_000))]     # one ring bucket (> MPI_MAX_BYTES)
+    sync = closer(comm_lib.create("flat", params, topo, bucket_bytes=8 << 20, overlap=overlap))
+    assert all(b.staging is None for b in sync.buckets) and sync._methods() == ["ring"]
+    (rb,) = sync._rings
+    fake.log.clear()
+    backward(params, comm)
+    sync.allreduce_grads()
+    n = comm.Get_size()
+    assert torch.allclose(params[0].grad, torch.full_like(params[0], sum(range(1, n + 1)) / n))
+    log = fake.log
+    assert ("stream sync", "compute") not in log, "waited for the whole compute stream"
+    if n == 1:
+        return
+    kernels = [i for i, e in enumerate(log) if e == ("enter", rb.stream.name)]
+    records = [i for i, e in enumerate(log) if e[0] == "record" and e[2] == rb.stream.name]
+    assert len(kernels) == len(records) == n - 1        # one reduce per step, on the ring's stream
+    event = rb.step_done.event.name
+    for i in records:               # the next message MPI posts comes after that event completed
+        nxt = next(j for j in range(i, len(log)) if log[j] == ("post",))
+        assert any(e in (("query", event), ("event sync", event)) for e in log[i:nxt]), log[i:nxt]
