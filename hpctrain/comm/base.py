@@ -50,9 +50,12 @@ class GradSync:
         self.measured = {}                      # bucket bytes -> method, where tune measured it
         self._prepare(bucket_sizes(self.params, bucket_bytes))
         # Device buffers may go to a CUDA-aware MPI as they are only where MPI sums the bucket's
-        # own buffers: full precision, and no host memory of the strategy's own (a window).
-        direct_ok = not self.codec.compresses and type(self)._alloc is GradSync._alloc
-        self.buckets = make_buckets(self.params, bucket_bytes, alloc=self._alloc, direct_ok=direct_ok)
+        # own buffers: full precision, and no host memory of the strategy's own (a window). One
+        # rank compresses nothing (compression.wire_codec) and sends nothing: never staged.
+        one_rank = self.comm.Get_size() == 1
+        direct_ok = (one_rank or not self.codec.compresses) and type(self)._alloc is GradSync._alloc
+        self.buckets = make_buckets(self.params, bucket_bytes, alloc=self._alloc, direct_ok=direct_ok,
+                                    one_rank=one_rank)
         self._setup()
         self._bucket_of = {id(p): b.index for b in self.buckets for p in b.params}
         self._pending: dict[int, Pending] = {}
@@ -89,7 +92,9 @@ class GradSync:
         staged = [b.staging for b in self.buckets if b.staging is not None]
         where = f", {len(staged)} staged from {staged[0].describe()}" if staged else ""
         direct = [b for b in self.buckets if b.staging is None and b.bufs[0].device.type != "cpu"]
-        if direct:      # a CUDA-aware MPI reads these buffers where they are
+        if direct and self.comm.Get_size() == 1:
+            where += f", {len(direct)} kept on {direct[0].bufs[0].device} (one rank: no copies)"
+        elif direct:    # a CUDA-aware MPI reads these buffers where they are
             where += f", {len(direct)} handed to MPI on {direct[0].bufs[0].device}"
         tuned = f", {len(self.measured)} size(s) measured" if self.measured else ""
         return (f"{self.name}{chosen}, compression={self.codec.name}, overlap={self.overlap}{tuned}, "

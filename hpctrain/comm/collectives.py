@@ -28,16 +28,14 @@ def _chunks(tensors):
 
 
 def broadcast_tensors(tensors, comm: MPI.Comm, root: int = 0) -> None:
-    """Overwrite every rank's tensors with ``root``'s, in place (contiguous tensors).
+    """Overwrite every rank's tensors with ``root``'s, in place (any strides: a channels-last
+    weight is packed and unpacked in its logical order).
 
     One ``Bcast`` for all of them (per device and ``BCAST_CHUNK_BYTES``), not one per tensor: a
     model's ~160 BatchNorm buffers cost one collective. Device tensors are packed on the device,
     cross to the host in one copy (the one device sync), and back in one asynchronous copy from
     page-locked memory."""
     tensors = [t.detach() for t in tensors]
-    for t in tensors:
-        if not t.is_contiguous():
-            raise ValueError("broadcast_tensors needs contiguous tensors")
     for run in _chunks([t for t in tensors if t.numel()]):
         _broadcast_run(run, comm, root)
 

@@ -75,6 +75,20 @@ def mpi_takes_device_buffers(device: torch.device) -> bool:
     return cuda_mpi.cuda_aware()[0] and (device.type == "cpu" or DEVICE_HANDOFF)
 
 
+def direct_route(device_type: str, *, forced: bool, direct_ok: bool, one_rank: bool, mpi_takes) -> bool:
+    """Are a device bucket's buffers reduced where they are (no staging)? Only where the
+    strategy lets MPI sum the bucket's own buffers (``direct_ok``), and then: with one rank
+    always for real device memory (nothing crosses to another rank, so a device -> host -> device
+    round trip would only cost time; the reduction is a copy and a check on the device), else
+    where the MPI library takes device buffers (``mpi_takes()``, asked only then). CPU buckets
+    take it only as stand-ins (``forced``), and as stand-ins only by the MPI's answer."""
+    if not direct_ok or (device_type == "cpu" and not forced):
+        return False
+    if one_rank and device_type != "cpu":
+        return True
+    return bool(mpi_takes())
+
+
 def route(device_type: str, *, forced: bool, direct: bool) -> str:
     """Where a bucket's gradients live: ``"host"`` (a CPU bucket: its host buffers),
     ``"direct"`` (device buffers handed to MPI as they are: ``direct`` says the strategy and the

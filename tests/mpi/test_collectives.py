@@ -121,3 +121,30 @@ def test_buffers_broadcast_in_one_bcast_whatever_their_dtypes(monkeypatch):
         assert counting.bcasts == n_bcasts
         for got, w in zip(bufs, want):
             assert got.dtype == w.dtype and torch.equal(got, w), (got, w)
+
+
+@pytest.mark.mpi
+def test_channels_last_model_broadcasts_and_trains_like_a_contiguous_one(closer):
+    """train.channels_last: the weights' strides differ, the broadcast and a step do not."""
+    from hpctrain import gpu_settings
+    from hpctrain.topology import Topology
+    from hpctrain.trainer import DistributedTrainer
+    comm = MPI.COMM_WORLD
+    topo = closer(Topology.create(comm))
+    results = []
+    for channels_last in (False, True):
+        torch.manual_seed(comm.Get_rank())                  # different on every rank: broadcast fixes it
+        model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Flatten(),
+                                    torch.nn.Linear(4 * 6 * 6, 3))
+        model = gpu_settings.model_memory_format(model, channels_last)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        trainer = closer(DistributedTrainer(model, opt, topo, strategy="flat", tune="static"))
+        assert model[0].weight.is_contiguous() != channels_last
+        g = torch.Generator().manual_seed(10 + comm.Get_rank())
+        for _ in range(2):
+            trainer.step(torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 3, (4,), generator=g))
+        results.append([p.detach().contiguous().clone() for p in model.parameters()])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    sums = comm.allgather(float(sum(p.double().sum() for p in results[1])))
+    assert len(set(sums)) == 1
