@@ -26,7 +26,7 @@ from hpctrain.models import BUILTIN, ModelError, build_model, shape_hint
 from hpctrain.ops.agree import agree, check_consistency, software_versions
 from hpctrain.ops.checkpoint import Checkpointer
 from hpctrain.ops.inject import maybe_inject
-from hpctrain.ops.metrics import MetricsLog, StepTimer, gpu_time
+from hpctrain.ops.metrics import MetricsLog, StepTimer, clock_for, gpu_time
 from hpctrain.ops.signals import StopSignal, Stopped
 from hpctrain.ops.timeline import Timeline, merge_and_write
 from hpctrain.ops.watchdog import Watchdog
@@ -84,7 +84,7 @@ def setup(cfg: Config, comm: MPI.Comm, stack: contextlib.ExitStack) -> Job:
     model, optimizer, schedule = _agreed(comm, _model_and_optimizer, cfg, index, loader, device)
     # collective, same verdict on every rank: names an odd rank out
     _agreed(comm, check_consistency, topo.comm, model, cfg.to_dict(), software_versions())
-    timer = StepTimer()
+    timer = StepTimer(clock=clock_for(device))     # CUDA events on a GPU (what the device spends)
     trainer = DistributedTrainer.from_config(model, optimizer, topo, cfg, schedule=schedule, timer=timer)
     stack.push(on_agreed_exit(trainer.close))
     return Job(cfg, topo, trainer, loader, test_set, timer, device, raw)
