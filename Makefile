@@ -46,7 +46,7 @@ MPICH_JOB_SKIP := not test_training_fault_mid_run_names_rank \
 	and not test_default_job_reaches_target[1] and not test_default_job_reaches_target[4]
 LIBVERSION = -c 'from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0].strip())'
 
-.PHONY: setup setup-mpich demo test test-serial test-mpi test-slurm test-mpich docs bench clean
+.PHONY: setup setup-mpich demo test test-serial test-mpi test-slurm test-mpich test-gpu docs bench clean
 # GPU=auto|1|0 (CUDA=12|13): torch's CUDA build and CuPy on GPU nodes (scripts/gpu_choice.py);
 # DRY_RUN=1 says what would be installed.
 GPU      ?= auto
@@ -78,6 +78,14 @@ test-serial:
 
 test-mpi:
 	for n in 2 4; do $(MPIEXEC) -n $$n $(PY) $(PYTEST_MPI) tests/mpi || exit 1; done
+
+# The GPU suite (docs/gpus.md: the first command on a GPU node): the serial GPU tests (CuPy
+# kernels, the CLI job on GPUs), then the GPU-marked MPI tests under mpiexec at -n 1 and -n 2.
+# Refuses to "pass" where torch sees no CUDA device (every test would skip).
+test-gpu: setup
+	@$(PY) -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else "test-gpu: torch sees no CUDA device (torch " + torch.__version__ + "); run it on a GPU node after make setup")'
+	$(PY) -m pytest -q -rs -m "gpu and not mpi" tests/kernels tests/unit tests/integration
+	for n in 1 2; do $(MPIEXEC) -n $$n $(PY) $(PYTEST_MPI) -rs -m gpu tests/mpi || exit 1; done
 
 # One-node Slurm on this host (installs slurm-wlm + munge once), then the batch scripts under it.
 test-slurm: setup

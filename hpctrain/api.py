@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from mpi4py import MPI
 
+from hpctrain import gpu_bind
 from hpctrain.comm.collectives import allreduce_sum, broadcast_module
 from hpctrain.data import ShardLoader, ShardSet, eval_batches, read_index
 from hpctrain.errors import ConfigError
@@ -46,7 +47,13 @@ def bind_device(topo: Topology, want: str = "auto") -> torch.device:
     for ``"cuda"``, and for ``"auto"`` when torch sees CUDA (after jobs/common/bind.sh only one
     GPU is visible, so that is index 0); else ``"cpu"``. Several ranks of a node may share a
     GPU when there are fewer GPUs than ranks. ``"cuda"`` without a CUDA device is a
-    :class:`ConfigError`."""
+    :class:`ConfigError`.
+
+    The local rank is the rank on the *physical* host: the launcher's (as
+    :func:`hpctrain.gpu_bind.early_bind` used before MPI started, so both choose alike), else
+    the shared-memory split's; never the emulated ``comm.ranks_per_node`` layout. A script binds
+    before MPI initialises with ``hpctrain.gpu_bind.early_bind("auto")`` ahead of its first
+    ``import mpi4py.MPI`` / ``hpctrain.api``; the CLI does."""
     if want not in DEVICES:
         raise ConfigError(f"config train.device: must be one of {' | '.join(DEVICES)}, got {want!r}")
     if want == "cpu" or (want == "auto" and not torch.cuda.is_available()):
@@ -55,7 +62,9 @@ def bind_device(topo: Topology, want: str = "auto") -> torch.device:
         raise ConfigError("config train.device: cuda, but torch sees no CUDA device "
                           f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'}); "
                           "use auto or cpu")
-    index = topo.local_rank % torch.cuda.device_count()
+    local = gpu_bind.launcher_local_rank()
+    local = topo.physical_local_rank if local is None else local
+    index = gpu_bind.device_index(local, torch.cuda.device_count())
     torch.cuda.set_device(index)
     return torch.device("cuda", index)
 

@@ -68,7 +68,21 @@ def config_from_args(argv: list[str]):
     return cfg
 
 
+def wanted_device(argv: list[str]) -> str | None:
+    """``train.device`` of these arguments, or None where they do not parse (reported later,
+    once MPI is up, on every rank; nothing is printed here, not even ``--help``)."""
+    import contextlib
+    import io
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            return config_from_args(argv).train.device
+    except (Exception, SystemExit):
+        return None
+
+
 def train_main(argv: list[str]) -> int:
+    from hpctrain import gpu_bind
+    gpu_bind.early_bind(wanted_device(argv))    # before MPI_Init: a CUDA-aware MPI's context
     from mpi4py import MPI
 
     from hpctrain.config import ConfigError, validate

@@ -109,6 +109,10 @@ class TrainConfig:
     device: str = opt("auto", "where model, batches and gradients live: auto (cuda:<local rank mod visible "
                               "GPUs> when torch sees CUDA, else cpu) | cpu | cuda",
                       choices="hpctrain.api:DEVICES")
+    cudnn_benchmark: bool = opt(True, "GPU: cuDNN picks the fastest convolution algorithms per input shape "
+                                      "(not bitwise reproducible run to run)")
+    tf32: bool = opt(False, "GPU: fp32 matmuls in TensorFloat-32 on Ampere and newer (faster, 10-bit mantissa)")
+    channels_last: bool = opt(False, "the model in channels-last (NHWC) memory layout (GPU tensor cores)")
 
 
 @dataclass

@@ -15,6 +15,7 @@ import torch
 from mpi4py import MPI
 
 from hpctrain import comm as comm_lib
+from hpctrain import gpu_settings
 from hpctrain.api import bind_device
 from hpctrain.config import Config
 from hpctrain.data import (ShardLoader, ShardSet, eval_batches, eval_prep, open_split_from_config, read_index,
@@ -25,7 +26,7 @@ from hpctrain.models import BUILTIN, ModelError, build_model, shape_hint
 from hpctrain.ops.agree import agree, check_consistency, software_versions
 from hpctrain.ops.checkpoint import Checkpointer
 from hpctrain.ops.inject import maybe_inject
-from hpctrain.ops.metrics import MetricsLog, StepTimer, gpu_time
+from hpctrain.ops.metrics import MetricsLog, StepTimer, clock_for, gpu_time
 from hpctrain.ops.signals import StopSignal, Stopped
 from hpctrain.ops.timeline import Timeline, merge_and_write
 from hpctrain.ops.watchdog import Watchdog
@@ -76,13 +77,14 @@ def setup(cfg: Config, comm: MPI.Comm, stack: contextlib.ExitStack) -> Job:
     topo = Topology.create(comm, cfg.comm.ranks_per_node)
     stack.push(on_agreed_exit(topo.close))
     device = _agreed(comm, bind_device, topo, cfg.train.device)
+    gpu_settings.apply(cfg.train)
     raw = raw_batches(device)
     index = _agreed(comm, _data_index, cfg, topo)
     loader, test_set = _agreed(comm, _open_data, cfg, topo, index, stack, raw)
     model, optimizer, schedule = _agreed(comm, _model_and_optimizer, cfg, index, loader, device)
     # collective, same verdict on every rank: names an odd rank out
     _agreed(comm, check_consistency, topo.comm, model, cfg.to_dict(), software_versions())
-    timer = StepTimer()
+    timer = StepTimer(clock=clock_for(device))     # CUDA events on a GPU (what the device spends)
     trainer = DistributedTrainer.from_config(model, optimizer, topo, cfg, schedule=schedule, timer=timer)
     stack.push(on_agreed_exit(trainer.close))
     return Job(cfg, topo, trainer, loader, test_set, timer, device, raw)
@@ -165,6 +167,7 @@ def _model_and_optimizer(cfg: Config, index, loader, device: torch.device = torc
         raise ModelError(str(exc)) from exc        # the user's own factory failed: one line
     if device.type != "cpu":                    # built on the CPU; moved before the optimiser sees it
         model = model.to(device)
+    model = gpu_settings.model_memory_format(model, cfg.train.channels_last)
     sample = next(iter(eval_batches(loader.shards, rank=0, size=1, batch_size=2)))[0].to(device)
     check_model_output(model, sample, index.num_classes, m.name)
     optimizer = optimizer_from_config(model, cfg.optim)

@@ -26,6 +26,12 @@ class Topology:
     n_nodes: int
     emulated: bool          # True when nodes are emulated by ranks_per_node
     node_sizes: tuple = ()  # ranks on each node, by node index (the last may be smaller)
+    host_local_rank: int = -1   # my rank on my physical host (-1: local_rank; differs when emulated)
+
+    @property
+    def physical_local_rank(self) -> int:
+        """My index among the ranks of my physical host (GPU binding), whatever the emulation."""
+        return self.local_rank if self.host_local_rank < 0 else self.host_local_rank
 
     @property
     def min_local_size(self) -> int:
@@ -36,8 +42,12 @@ class Topology:
     def create(cls, comm: MPI.Comm, ranks_per_node: int = 0) -> "Topology":
         """Split ``comm`` into node-local and inter-node communicators (collective)."""
         rank, size = comm.Get_rank(), comm.Get_size()
+        host_local_rank = -1
         if ranks_per_node and ranks_per_node > 0:
             intra = comm.Split(color=rank // ranks_per_node, key=rank)
+            host = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)     # the real host's ranks
+            host_local_rank = host.Get_rank()
+            host.Free()
         else:
             intra = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
         local_rank, local_size = intra.Get_rank(), intra.Get_size()
@@ -50,7 +60,8 @@ class Topology:
         return cls(comm=comm, intra=intra, inter=inter, rank=rank, size=size,
                    local_rank=local_rank, local_size=local_size, node=node,
                    n_nodes=len(leaders), emulated=bool(ranks_per_node),
-                   node_sizes=tuple(all_leaders.count(ld) for ld in leaders))
+                   node_sizes=tuple(all_leaders.count(ld) for ld in leaders),
+                   host_local_rank=host_local_rank)
 
     def close(self) -> None:
         """Free the split communicators (the world communicator is the caller's)."""

@@ -5,10 +5,12 @@
 | `pack_fp16`             | fp32 tensors x scale -> fp16 buffer + overflow   | fp16 compression |
 | `unpack_fp16`           | fp16 buffer x scale -> fp32 tensors (or +=)      | fp16 compression |
 | `multi_tensor_sq_norms` | per-tensor sum of squares, global L2 norm        | LARS trust ratio |
-| `lars_update`           | LARS momentum step, per-tensor step size         | bench kernels¹   |
+| `lars_update`           | LARS momentum step, per-tensor step size         | LARS on CUDA¹    |
 
-¹ Not yet called by ``hpctrain.optim.LARS``, whose step is torch ``_foreach`` arithmetic;
-``python -m hpctrain bench kernels`` times it against a plain copy.
+¹ ``hpctrain.optim.LARS`` calls it for contiguous fp32 CUDA tensors with momentum where CuPy
+runs the kernel (one launch per parameter group instead of ~6 ``_foreach`` kernels per
+layer), and keeps torch ``_foreach`` arithmetic elsewhere; ``python -m hpctrain bench kernels``
+times it against a plain copy.
 
 Dispatch by array kind: CUDA torch tensors and CuPy arrays run the CuPy kernels (one launch,
 in place, on the current stream, no host synchronisation); CPU torch tensors and NumPy arrays

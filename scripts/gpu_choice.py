@@ -90,7 +90,18 @@ def run_nvidia_smi(args: list[str]) -> str | None:
     return r.stdout if r.returncode == 0 else ""
 
 
+def replaces_installed(installed: str, flavour: str) -> bool:
+    """Must an installed torch (its version, e.g. ``2.13.0+cu126``) be removed before the
+    ``flavour`` build goes in? pip sees ``2.13.0+cu126`` as satisfying ``torch==2.13.0`` (a pin
+    without a local label matches any), so a CPU install over a CUDA build would keep the CUDA
+    build; a CUDA pin (``==2.13.0+cu126``) names its label, and pip replaces other builds."""
+    local = installed.partition("+")[2]
+    return flavour == "cpu" and local not in ("", "cpu")
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["--replaces"]:     # setup.sh: exit 0 when the installed torch must go
+        return 0 if replaces_installed(sys.argv[2], sys.argv[3]) else 1
     try:
         flavour, extra, reason = choose(os.environ.get("GPU", "auto"), os.environ.get("CUDA", ""))
     except ChoiceError as exc:

@@ -64,6 +64,11 @@ fi
 vpy="$VENV/bin/python"
 pip="$vpy -m pip install -q"
 [ -d /opt/wheels ] && pip="$pip --find-links /opt/wheels"
+installed=$("$vpy" -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null || true)
+if [ -n "$installed" ] && "$PY" scripts/gpu_choice.py --replaces "$installed" "$flavour"; then
+  say "removing torch $installed (a CUDA build; pip would keep it for torch==2.13.0)"
+  "$vpy" -m pip uninstall -y -q torch
+fi
 say "installing $torch_what"
 if [ "$flavour" = cpu ]; then
   $pip torch==2.13.0

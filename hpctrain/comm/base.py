@@ -50,9 +50,12 @@ class GradSync:
         self.measured = {}                      # bucket bytes -> method, where tune measured it
         self._prepare(bucket_sizes(self.params, bucket_bytes))
         # Device buffers may go to a CUDA-aware MPI as they are only where MPI sums the bucket's
-        # own buffers: full precision, and no host memory of the strategy's own (a window).
-        direct_ok = not self.codec.compresses and type(self)._alloc is GradSync._alloc
-        self.buckets = make_buckets(self.params, bucket_bytes, alloc=self._alloc, direct_ok=direct_ok)
+        # own buffers: full precision, and no host memory of the strategy's own (a window). One
+        # rank compresses nothing (compression.wire_codec) and sends nothing: never staged.
+        one_rank = self.comm.Get_size() == 1
+        direct_ok = (one_rank or not self.codec.compresses) and type(self)._alloc is GradSync._alloc
+        self.buckets = make_buckets(self.params, bucket_bytes, alloc=self._alloc, direct_ok=direct_ok,
+                                    one_rank=one_rank)
         self._setup()
         self._bucket_of = {id(p): b.index for b in self.buckets for p in b.params}
         self._pending: dict[int, Pending] = {}
@@ -88,6 +91,11 @@ class GradSync:
         chosen = f" ({self.chosen_by})" if getattr(self, "chosen_by", "") else ""
         staged = [b.staging for b in self.buckets if b.staging is not None]
         where = f", {len(staged)} staged from {staged[0].describe()}" if staged else ""
+        direct = [b for b in self.buckets if b.staging is None and b.bufs[0].device.type != "cpu"]
+        if direct and self.comm.Get_size() == 1:
+            where += f", {len(direct)} kept on {direct[0].bufs[0].device} (one rank: no copies)"
+        elif direct:    # a CUDA-aware MPI reads these buffers where they are
+            where += f", {len(direct)} handed to MPI on {direct[0].bufs[0].device}"
         tuned = f", {len(self.measured)} size(s) measured" if self.measured else ""
         return (f"{self.name}{chosen}, compression={self.codec.name}, overlap={self.overlap}{tuned}, "
                 f"{len(self.buckets)} bucket(s) of {mib:.1f} MiB in all ({how or 'none'}); "
@@ -120,18 +128,28 @@ class GradSync:
         return sorted(self._pending)
 
     def _start(self, bucket: Bucket) -> None:
+        self._launch(bucket, self._queue_input(bucket))
+
+    def _queue_input(self, bucket: Bucket):
+        """Begin a bucket's round: its input gathered, and for a device bucket the copy to the
+        host queued (staged) or an event on the compute stream recorded (direct). Returns what
+        the reduction waits on first (None: nothing)."""
         for callback in self.on_start:
             callback(bucket.index)
         bucket.next_round()
         bucket.gather_grads(self.gather_scale)
+        if bucket.staging is not None:
+            return bucket.stage_in(self.gather_scale)
+        if bucket.flat.device.type != "cpu":    # direct: MPI reads device memory backward wrote
+            return staging_lib.produced(bucket.flat)
+        return None
+
+    def _launch(self, bucket: Bucket, ready) -> None:
+        """Start the reduction once ``ready`` (:meth:`_queue_input`) has completed; a blocking
+        round waits for it here, so blocking collectives start in bucket order everywhere."""
         reduction = self.reduce_bucket(bucket)
-        if bucket.staging is not None:  # starts once the copy to the host is done; a blocking
-            # round waits for it here, so blocking collectives start in bucket order everywhere
-            reduction = staging_lib.after(bucket.stage_in(self.gather_scale), reduction,
-                                          wait=self.blocking_round)
-        elif bucket.flat.device.type != "cpu":  # direct: MPI reads device memory backward wrote
-            reduction = staging_lib.after(staging_lib.produced(bucket.flat), reduction,
-                                          wait=self.blocking_round)
+        if ready is not None:
+            reduction = staging_lib.after(ready, reduction, wait=self.blocking_round)
         self._pending[bucket.index] = Pending(reduction)
 
     def _before_accumulate(self, p):
@@ -166,12 +184,17 @@ class GradSync:
         return GradSync.poll(self)
 
     def begin(self) -> None:
-        """Start every bucket not started yet (non-blocking)."""
+        """Start every bucket not started yet (non-blocking).
+
+        Every bucket's input is queued (device-to-host copies on their side streams) before the
+        first reduction starts: a blocking round runs each reduction to its end as it starts,
+        and bucket k+1's copy then crosses PCIe while bucket k is reduced."""
         if self.closed:
             raise RuntimeError("GradSync used after close()")
-        for bucket in self.buckets:
-            if bucket.index not in self._pending:
-                self._start(bucket)
+        todo = [b for b in self.buckets if b.index not in self._pending]
+        readies = [self._queue_input(b) for b in todo]
+        for bucket, ready in zip(todo, readies):
+            self._launch(bucket, ready)
 
     def finish(self, scatter: bool = True) -> bool:
         """Wait for every bucket; with ``scatter`` bind each ``p.grad`` to its mean (a view).
@@ -217,6 +240,11 @@ class GradSync:
         for h in self._hooks:
             h.remove()
         self._hooks = []
+        # Copies still in flight read or write the host buffers: every bucket's are complete
+        # before any memory is unregistered (the registry is shared) or freed.
+        for bucket in self.buckets:
+            if bucket.staging is not None:
+                bucket.staging.drain()
         for bucket in self.buckets:
             bucket.release()
         self._free()

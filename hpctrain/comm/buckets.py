@@ -169,7 +169,8 @@ def _groups(params, bucket_bytes: int) -> list[list]:
     return buckets
 
 
-def make_buckets(params, bucket_bytes: int, alloc=None, direct_ok: bool = False) -> list[Bucket]:
+def make_buckets(params, bucket_bytes: int, alloc=None, direct_ok: bool = False,
+                 one_rank: bool = False) -> list[Bucket]:
     """Group parameters into buckets of about ``bucket_bytes``, last-used (last-defined) first.
 
     Backward produces gradients roughly in reverse definition order, so reversing lets the first
@@ -186,7 +187,9 @@ def make_buckets(params, bucket_bytes: int, alloc=None, direct_ok: bool = False)
     driver did not allocate (a shared window) is registered with it until ``Bucket.release``.
     With ``direct_ok`` (the strategy lets MPI sum the bucket's own buffers) and an MPI library
     that takes device buffers (:func:`hpctrain.comm.staging.mpi_takes_device_buffers`) a device
-    bucket's buffers are on the device and go to MPI as they are, with no staging.
+    bucket's buffers are on the device and go to MPI as they are, with no staging; with
+    ``one_rank`` (a communicator of one) a CUDA bucket of such a strategy never stages
+    (:func:`hpctrain.comm.staging.direct_route`).
     ``HPCTRAIN_TEST_STAGING=1`` routes CPU buckets like device ones (tests).
     """
     alloc = alloc or (lambda n, dtype, i, which, pinned=False: torch.zeros(n, dtype=dtype, pin_memory=pinned))
@@ -196,7 +199,8 @@ def make_buckets(params, bucket_bytes: int, alloc=None, direct_ok: bool = False)
     for i, group in enumerate(_groups(params, bucket_bytes)):
         offsets = np.cumsum([0] + [p.numel() for p in group[:-1]]).tolist()
         n, dtype, device = sum(p.numel() for p in group), group[0].dtype, group[0].device
-        direct = direct_ok and (force or device.type != "cpu") and staging_lib.mpi_takes_device_buffers(device)
+        direct = staging_lib.direct_route(device.type, forced=force, direct_ok=direct_ok, one_rank=one_rank,
+                                          mpi_takes=lambda: staging_lib.mpi_takes_device_buffers(device))
         where = staging_lib.route(device.type, forced=force, direct=direct)
         staging = None
         if where == "direct":       # MPI reads the device buffers themselves: nothing to stage

@@ -14,6 +14,13 @@ seam, :mod:`hpctrain.comm.staging`; nothing else imports it).
   answer is the runtime one (built with CUDA *and* enabled: ``ompi_info --parsable --all |
   grep mpi_built_with_cuda_support`` shows the build half); MPICH's is 0 under
   ``MPIR_CVAR_ENABLE_GPU=0``. A library with neither symbol counts as not CUDA-aware.
+* :func:`nonblocking_device_ok`: may device pointers also go to *non-blocking* collectives
+  (``Iallreduce``)? Not in Open MPI even when it is CUDA-aware: its non-blocking collectives
+  (libnbc) reduce on the CPU and crash on device memory (open-mpi/ompi #9845, #12045); only its
+  blocking collectives and point-to-point calls take CUDA buffers. ``HPCTRAIN_CUDA_AWARE_NBC=0|1``
+  decides when set; otherwise only an MPICH-family library whose ``MPIX_GPU_query_support``
+  says CUDA counts (MPICH moves GPU buffers in every collective). Everything else: no, and the
+  ring (:mod:`hpctrain.comm.ring`) replaces MPI's non-blocking collective for device buffers.
 
 Not run on a GPU: the CUDA calls here (``torch.cuda.cudart()``) are exercised by the GPU suite
 only; the CPU suite runs the rest with a fake ``cudart`` (tests/unit/test_comm_cuda_mpi.py,
@@ -29,6 +36,7 @@ import os
 import torch
 
 AWARE_SWITCH = "HPCTRAIN_CUDA_AWARE_MPI"
+NBC_SWITCH = "HPCTRAIN_CUDA_AWARE_NBC"
 PAGE_BYTES = mmap.PAGESIZE
 MPIX_GPU_SUPPORT_CUDA = 0   # MPICH's mpi.h: enum { MPIX_GPU_SUPPORT_CUDA, _ZE, _HIP }
 
@@ -85,14 +93,17 @@ class HostRegistry:
             _check(self.cudart.cudaHostUnregister(start), "cudaHostUnregister")
 
 
-def override(environ=os.environ):
-    """``HPCTRAIN_CUDA_AWARE_MPI``: True, False, or None when unset or empty."""
-    value = environ.get(AWARE_SWITCH, "").strip()
+def override(environ=os.environ, switch: str = AWARE_SWITCH):
+    """``HPCTRAIN_CUDA_AWARE_MPI`` (or ``switch``): True, False, or None when unset or empty."""
+    value = environ.get(switch, "").strip()
     if value == "":
         return None
     if value not in ("0", "1"):
-        raise ValueError(f"{AWARE_SWITCH}={value!r}: use 0 (stage through host memory) or 1 "
-                         "(the MPI library takes device buffers)")
+        what = ("stage through host memory", "the MPI library takes device buffers")
+        if switch == NBC_SWITCH:
+            what = ("no device buffers in non-blocking collectives",
+                    "the MPI library's non-blocking collectives take device buffers")
+        raise ValueError(f"{switch}={value!r}: use 0 ({what[0]}) or 1 ({what[1]})")
     return value == "1"
 
 
@@ -113,6 +124,25 @@ def query_library(lib) -> tuple[bool, str]:
     return False, "the MPI library has no CUDA query (taken as not CUDA-aware)"
 
 
+def query_nonblocking(lib, version: str) -> tuple[bool, str]:
+    """Do the non-blocking collectives of ``lib`` (a ctypes library whose
+    ``MPI_Get_library_version`` is ``version``) take CUDA buffers? Only an MPICH-family library
+    that says so through ``MPIX_GPU_query_support``; never Open MPI (libnbc reduces on the CPU)."""
+    if version.lstrip().startswith("Open MPI"):
+        return False, "Open MPI's non-blocking collectives reduce on the CPU"
+    if getattr(lib, "MPIX_GPU_query_support", None) is None:
+        return False, "no MPIX_GPU_query_support (taken as host-only non-blocking collectives)"
+    aware, how = query_library(_OnlyGpuQuery(lib))
+    return aware, how
+
+
+class _OnlyGpuQuery:
+    """``lib`` seen through MPICH's GPU query alone (MPICH >= 4.1 has both queries)."""
+
+    def __init__(self, lib):
+        self.MPIX_GPU_query_support = lib.MPIX_GPU_query_support
+
+
 @functools.lru_cache(maxsize=1)
 def _library_answer() -> tuple[bool, str]:
     # Through mpi4py's own extension module: dlsym on its handle searches the MPI library it
@@ -127,3 +157,20 @@ def cuda_aware(environ=os.environ) -> tuple[bool, str]:
     if forced is not None:
         return forced, f"{AWARE_SWITCH}={int(forced)}"
     return _library_answer()
+
+
+@functools.lru_cache(maxsize=1)
+def _library_nonblocking_answer() -> tuple[bool, str]:
+    from mpi4py import MPI
+    return query_nonblocking(ctypes.CDLL(MPI.__file__), MPI.Get_library_version())
+
+
+def nonblocking_device_ok(environ=os.environ) -> tuple[bool, str]:
+    """``(may device buffers go to MPI's non-blocking collectives, how that was decided)``;
+    ``HPCTRAIN_CUDA_AWARE_NBC`` wins. False whenever the library is not CUDA-aware at all."""
+    forced = override(environ, NBC_SWITCH)
+    if forced is not None:
+        return forced, f"{NBC_SWITCH}={int(forced)}"
+    if not cuda_aware(environ)[0]:
+        return False, "the MPI library is not CUDA-aware"
+    return _library_nonblocking_answer()

@@ -24,13 +24,23 @@ starts a round only to wait for it (``blocking=True``): Open MPI 4.1's tuned blo
 algorithms beat libnbc's ``Iallreduce`` (2 ranks here: 4 MiB 1.1 vs 2.0 ms, 16 MiB 6.0 vs
 8.4 ms), and both give the same bytes (checked at 4 ranks under Open MPI and MPICH, and by
 ``tests/mpi/test_comm_overlap.py``).
+
+Device buffers (a ``flat`` bucket under a CUDA-aware MPI) never reach a non-blocking collective
+unless the library's non-blocking collectives take device memory
+(:func:`hpctrain.comm.cuda_mpi.nonblocking_device_ok`; Open MPI's libnbc reduces on the CPU and
+crashes on it): such a bucket of MPI's goes by blocking ``Allreduce`` in a blocking round and by
+the ring (``Isend``/``Irecv``, which a CUDA-aware MPI does take) otherwise (:func:`mpi_route`).
 """
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 import torch
 from mpi4py import MPI
 
+from hpctrain.comm import cuda_mpi, streams
+from hpctrain.comm.staging import DONE, Ready
 from hpctrain.comm.fused import nonfinite, scale_and_check
 
 SMALL_BYTES = 64 * 1024
@@ -56,11 +66,17 @@ as NumPy views, the path measured in the benchmarks. Tests add ``"cpu"`` to run 
 hand-off on CPU tensors (mpi4py 4 takes them through DLPack too)."""
 
 
-def _settle(t: torch.Tensor) -> None:
-    """Before MPI reads device memory a kernel just wrote: wait for the current stream (a
-    CUDA-aware MPI does not order itself after torch's streams). No-op for host memory."""
-    if t.device.type == "cuda":
-        torch.cuda.current_stream(t.device).synchronize()
+def _on(stream):
+    """Run the ring's kernels on its own stream (device buffers), or where they are (host)."""
+    return streams.API.stream(stream) if stream is not None else contextlib.nullcontext()
+
+
+def _settled(ready):
+    """Generator: before MPI reads device memory a ring kernel wrote (a CUDA-aware MPI does not
+    order itself after torch's streams), wait for that kernel's event, polled like a request:
+    the ring's own stream only, never the compute stream, which keeps running backward."""
+    if not ready.test():
+        yield [ready]
 
 
 def _arr(t: torch.Tensor):
@@ -86,23 +102,51 @@ def mpi_choice(n_bytes: int, codec) -> str:
     return "mpi" if n_bytes <= MPI_MAX_BYTES else "ring"
 
 
+def nonblocking_mpi_ok(device) -> bool:
+    """May MPI's non-blocking collectives take buffers on ``device``? Host memory (handed over
+    as NumPy views): yes. Memory handed over as tensors (:data:`AS_TENSOR`, device memory):
+    only where :func:`hpctrain.comm.cuda_mpi.nonblocking_device_ok` says so."""
+    if torch.device(device).type not in AS_TENSOR:
+        return True
+    return cuda_mpi.nonblocking_device_ok()[0]
+
+
+def mpi_route(blocking: bool, nbc_ok: bool) -> str:
+    """How a buffer :func:`mpi_choice` gives to MPI is summed this round: ``"Allreduce"`` (a
+    blocking round), ``"Iallreduce"``, or ``"ring"`` where the buffer is memory MPI's
+    non-blocking collectives cannot take (``nbc_ok`` False: device memory under Open MPI)."""
+    if blocking:
+        return "Allreduce"
+    return "Iallreduce" if nbc_ok else "ring"
+
+
 class RingBuffers:
     """What one ring needs, allocated once: a receive area and the codec's scratch for widening
-    a chunk (fp16: fp32 accumulation). ``method`` is :func:`mpi_choice`'s verdict."""
+    a chunk (fp16: fp32 accumulation). ``method`` is :func:`mpi_choice`'s verdict; ``nbc_ok``
+    (:func:`nonblocking_mpi_ok` of ``device``) whether its non-blocking rounds may use MPI's
+    ``Iallreduce``; where not, the ring's buffers are allocated for them too."""
 
-    __slots__ = ("recv", "scratch", "bounds", "method")
+    __slots__ = ("recv", "scratch", "bounds", "method", "nbc_ok", "stream", "step_done")
 
     def __init__(self, n_elems: int, dtype, n_ranks: int, codec, method: str = "ring", device="cpu"):
         self.bounds = chunk_bounds(n_elems, n_ranks)
         self.method = method if n_ranks > 1 else "ring"
+        self.nbc_ok = self.method == "ring" or nonblocking_mpi_ok(device)
         largest = max((b - a for a, b in zip(self.bounds, self.bounds[1:])), default=0)
-        largest = largest if n_ranks > 1 and self.method == "ring" else 0
+        largest = largest if n_ranks > 1 and (self.method == "ring" or not self.nbc_ok) else 0
         self.recv = torch.empty(largest, dtype=dtype, device=device)     # beside the buffer summed
         scratch = codec.scratch(largest)
         if torch.device(device).type != "cpu":
             scratch = (tuple(t.to(device) for t in scratch) if isinstance(scratch, tuple)
                        else scratch.to(device))
         self.scratch = scratch
+        # Device buffers: the ring's kernels run on a stream of its own and MPI reads what they
+        # wrote once this event (re-recorded each step) has completed (:func:`_settled`).
+        api = streams.API
+        self.stream = api.Stream(device) if api.handles(device) else None
+        self.step_done = Ready(api.Event()) if self.stream is not None else DONE
+        if self.stream is not None:     # the buffers above were made on the compute stream
+            self.stream.wait_stream(api.current_stream(device))
 
 
 def ring_allreduce(buf: RingBuffers, comm: MPI.Comm, codec, src: torch.Tensor, dst: torch.Tensor,
@@ -124,7 +168,8 @@ def ring_allreduce(buf: RingBuffers, comm: MPI.Comm, codec, src: torch.Tensor, d
     the same choice for this bucket (blocking and non-blocking collectives do not match each
     other), and never while a peer may need this rank's Python-driven progress elsewhere first
     (module docstring): :class:`hpctrain.comm.flat.FlatSync` in a round that no hook and no
-    ``begin()`` started.
+    ``begin()`` started. A non-blocking round of a device buffer whose MPI cannot take it in
+    ``Iallreduce`` runs the ring instead (:func:`mpi_route`).
     """
     n, r = comm.Get_size(), comm.Get_rank()
     if src.numel() == 0:
@@ -133,9 +178,10 @@ def ring_allreduce(buf: RingBuffers, comm: MPI.Comm, codec, src: torch.Tensor, d
         if dst is not src:
             dst.copy_(src)
         return scale_and_check(dst, scale)
-    if buf.method != "ring":            # every rank holds MPI's identical result
+    route = "ring" if buf.method == "ring" else mpi_route(blocking, buf.nbc_ok)
+    if route != "ring":                 # every rank holds MPI's identical result
         send = MPI.IN_PLACE if src.data_ptr() == dst.data_ptr() else _arr(src)
-        if blocking:
+        if route == "Allreduce":
             comm.Allreduce(send, _arr(dst), op=MPI.SUM)
         else:
             yield [comm.Iallreduce(send, _arr(dst), op=MPI.SUM)]
@@ -154,12 +200,17 @@ def ring_allreduce(buf: RingBuffers, comm: MPI.Comm, codec, src: torch.Tensor, d
     for s in range(n - 1):
         send, recv = part(r - s), part(r - s - 1)
         tmp = buf.recv[:recv.stop - recv.start]
+        if s:                           # MPI reads the partial sum the last step's kernel wrote
+            yield from _settled(buf.step_done)
         yield [comm.Isend(_msg((src if s == 0 else dst)[send]), right, TAG_SCATTER),
                comm.Irecv(_msg(tmp), left, TAG_SCATTER)]
         last = s == n - 2
-        found = codec.reduce(dst[recv], tmp, buf.scratch, check=last, src=src[recv],
-                             scale=scale if last else 1.0)
-        _settle(dst)                    # MPI reads that partial sum next: the kernel must be done
+        with _on(buf.stream):
+            found = codec.reduce(dst[recv], tmp, buf.scratch, check=last, src=src[recv],
+                                 scale=scale if last else 1.0)
+            if buf.stream is not None:
+                buf.step_done.event.record(buf.stream)
+    yield from _settled(buf.step_done)  # the allgather sends the chunk completed last
     flag = np.array([found], dtype=np.uint8)
     reqs = [comm.Iallreduce(MPI.IN_PLACE, flag, op=MPI.MAX)]
     for s in range(n - 1):

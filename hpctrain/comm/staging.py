@@ -35,7 +35,7 @@ by :func:`route`: CPU buckets stay as they are ("host"); a device bucket is "sta
 ``HPCTRAIN_TEST_STAGING=1`` in the environment when the buckets are made routes CPU buckets like
 device ones (``dev`` is then just another CPU tensor, copies are plain ``copy_``, every
 :class:`Ready` is complete at once), so the CPU test suite runs every line here except the CUDA
-calls themselves. None of this has run on a GPU yet (the GPU suite: ``pytest -m gpu``).
+calls themselves. None of this has run on a GPU yet (the GPU suite: ``make test-gpu``).
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ import os
 
 import torch
 
-from hpctrain.comm import cuda_mpi
+from hpctrain.comm import cuda_mpi, streams
 from hpctrain.comm.cuda_mpi import HostRegistry
 
 __all__ = ["TEST_SWITCH", "DEVICE_HANDOFF", "HostRegistry", "Ready", "Staging", "after", "forced",
@@ -73,6 +73,20 @@ def mpi_takes_device_buffers(device: torch.device) -> bool:
     CUDA-aware (``HPCTRAIN_CUDA_AWARE_MPI`` or the library's answer); a CUDA bucket also needs
     :data:`DEVICE_HANDOFF`. CPU stand-ins (the test switch) need only the first."""
     return cuda_mpi.cuda_aware()[0] and (device.type == "cpu" or DEVICE_HANDOFF)
+
+
+def direct_route(device_type: str, *, forced: bool, direct_ok: bool, one_rank: bool, mpi_takes) -> bool:
+    """Are a device bucket's buffers reduced where they are (no staging)? Only where the
+    strategy lets MPI sum the bucket's own buffers (``direct_ok``), and then: with one rank
+    always for real device memory (nothing crosses to another rank, so a device -> host -> device
+    round trip would only cost time; the reduction is a copy and a check on the device), else
+    where the MPI library takes device buffers (``mpi_takes()``, asked only then). CPU buckets
+    take it only as stand-ins (``forced``), and as stand-ins only by the MPI's answer."""
+    if not direct_ok or (device_type == "cpu" and not forced):
+        return False
+    if one_rank and device_type != "cpu":
+        return True
+    return bool(mpi_takes())
 
 
 def route(device_type: str, *, forced: bool, direct: bool) -> str:
@@ -109,10 +123,11 @@ DONE = Ready()
 def produced(t: torch.Tensor) -> Ready:
     """A direct bucket's input is complete once the compute stream has run what was queued so
     far (backward wrote it): an event recorded there now. Host memory: at once."""
-    if t.device.type != "cuda":
+    api = streams.API
+    if not api.handles(t.device):
         return DONE
-    event = torch.cuda.Event()
-    event.record(torch.cuda.current_stream(t.device))
+    event = api.Event()
+    event.record(api.current_stream(t.device))
     return Ready(event)
 
 
@@ -130,7 +145,8 @@ class Staging:
     """The device side of one bucket: ``dev`` (two flat buffers on ``device``), a device wire
     buffer for compressed buckets, and the copies between them and the bucket's host buffers."""
 
-    __slots__ = ("device", "dev", "dev_wire", "landed", "cuda", "stream", "ready", "registry")
+    __slots__ = ("device", "dev", "dev_wire", "landed", "cuda", "api", "stream", "ready", "back",
+                 "registry")
 
     def __init__(self, n_elems: int, dtype: torch.dtype, device: torch.device,
                  registry: HostRegistry | None = None):
@@ -138,9 +154,12 @@ class Staging:
         self.dev = [torch.zeros(n_elems, dtype=dtype, device=self.device) for _ in (0, 1)]
         self.dev_wire = None        # made on the first compressed round, like the host wire
         self.landed = True          # is this round's mean on the device already?
-        self.cuda = self.device.type == "cuda"
-        self.stream = torch.cuda.Stream(self.device) if self.cuda else None
-        self.ready = Ready(torch.cuda.Event()) if self.cuda else DONE
+        self.cuda = self.device.type == "cuda"      # real CUDA memory (pinning, registration)
+        # streams and events (hpctrain.comm.streams; a recording fake in tests), None: host copies
+        self.api = streams.API if streams.API.handles(self.device) else None
+        self.stream = self.api.Stream(self.device) if self.api else None
+        self.ready = Ready(self.api.Event()) if self.api else DONE      # device -> host done
+        self.back = Ready(self.api.Event()) if self.api else DONE       # host -> device done
         self.registry = registry    # host memory registered with the driver, shared by buckets
 
     def host_wire(self, wire: torch.Tensor) -> torch.Tensor:
@@ -158,21 +177,22 @@ class Staging:
         the device wire with ``codec`` and queue ``host_wire <- dev_wire``. Returns what the
         reduction waits on before MPI may read the host buffer."""
         self.landed = False
-        if not self.cuda:
+        if self.api is None:
             self._copy_out(dev_flat, host_flat, codec, host_wire, scale)
             return self.ready
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))   # gradients complete
-        with torch.cuda.stream(self.stream):
+        self.stream.wait_stream(self.api.current_stream(self.device))   # gradients complete
+        with self.api.stream(self.stream):
             self._copy_out(dev_flat, host_flat, codec, host_wire, scale)
             self.ready.event.record(self.stream)
         return self.ready
 
     def _copy_out(self, dev_flat, host_flat, codec, host_wire, scale) -> None:
+        async_ = self.api is not None
         if host_wire is None:
-            host_flat.copy_(dev_flat, non_blocking=self.cuda)
+            host_flat.copy_(dev_flat, non_blocking=async_)
         else:       # the kernels run on the current (side) stream, in place, no host sync
             codec.pack([dev_flat], self.dev_wire, scale)
-            host_wire.copy_(self.dev_wire, non_blocking=self.cuda)
+            host_wire.copy_(self.dev_wire, non_blocking=async_)
 
     def to_device(self, host_flat: torch.Tensor, dev_out: torch.Tensor, codec=None,
                   host_wire: torch.Tensor = None) -> torch.Tensor:
@@ -180,16 +200,28 @@ class Staging:
         once per round, queued on the compute stream, which the optimiser step reads
         ``p.grad`` on after it; returns ``dev_out``."""
         if not self.landed:
+            async_ = self.api is not None
             if host_wire is None:
-                dev_out.copy_(host_flat, non_blocking=self.cuda)
+                dev_out.copy_(host_flat, non_blocking=async_)
             else:
-                self.dev_wire.copy_(host_wire, non_blocking=self.cuda)
+                self.dev_wire.copy_(host_wire, non_blocking=async_)
                 codec.unpack(self.dev_wire, [dev_out])
+            if async_:      # the host buffer is read until this completes (drain)
+                self.back.event.record(self.api.current_stream(self.device))
             self.landed = True
         return dev_out
 
+    def drain(self) -> None:
+        """Block the host until every copy this bucket queued has completed: the device-to-host
+        copy on the side stream and the host-to-device copy of the mean on the compute stream
+        (events only; no device-wide sync). Before its host memory is unregistered or freed:
+        a DMA still running from a freed or unregistered page is undefined behaviour."""
+        self.ready.wait()
+        self.back.wait()
+
     def release(self) -> None:
-        """Unregister the host memory (before the strategy frees it); idempotent."""
+        """Unregister the host memory (before the strategy frees it; after :meth:`drain` of
+        every bucket sharing the registry); idempotent."""
         if self.registry is not None:
             self.registry.close()
 

@@ -23,7 +23,7 @@ import time
 from mpi4py import MPI
 
 from hpctrain.comm.progress import run
-from hpctrain.comm.ring import SMALL_BYTES, RingBuffers, mpi_choice, ring_allreduce
+from hpctrain.comm.ring import SMALL_BYTES, RingBuffers, mpi_choice, nonblocking_mpi_ok, ring_allreduce
 
 TUNES = ("static", "measure")
 TRIALS = 3
@@ -55,8 +55,12 @@ def measured(comm: MPI.Comm, src, dst, codec, scale: float, blocking: bool, tria
 def choose(comm: MPI.Comm, src, dst, codec, scale: float, blocking: bool, tune: str, cache: dict) -> str:
     """``"mpi"`` or ``"ring"`` for a buffer like ``src`` (collective when measuring: every rank
     of ``comm`` must call it for the same buckets in the same order). ``cache`` maps a byte
-    size to its verdict, so buckets of equal size are measured once."""
+    size to its verdict, so buckets of equal size are measured once. Non-blocking rounds of a
+    device buffer MPI's ``Iallreduce`` cannot take run the ring whatever is chosen
+    (:func:`hpctrain.comm.ring.mpi_route`): nothing to measure, ``"ring"``."""
     n_bytes = src.numel() * src.element_size()
+    if not blocking and not nonblocking_mpi_ok(src.device) and comm.Get_size() > 1:
+        return "ring"
     static = mpi_choice(n_bytes, codec)
     if tune == "static" or comm.Get_size() == 1 or not codec.mpi_summable or n_bytes <= SMALL_BYTES:
         return static

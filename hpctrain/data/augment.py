@@ -13,7 +13,10 @@ Randomness comes from a ``torch.Generator`` the loader seeds by ``(seed, epoch, 
 is reproducible. Parameters are drawn on the host; the appliers run on the batch's device
 (:class:`BatchPrep`: on the GPU after the copy of a raw batch), with the same result on the CPU. Evaluation and Final Polishing's un-augmented pass use no :class:`Augment`.
 Samplers (``*_params``) and the pure appliers (``*_at``) are separate so tests can check the
-appliers against an independent computation.
+appliers against an independent computation. What an applier makes on the host (indices, affine
+maps, flip masks) reaches the device through :func:`host_to`: from page-locked memory, without
+blocking, so a batch's augmentation queues its kernels behind the copies instead of making the
+host wait for the device two or three times per batch.
 """
 from __future__ import annotations
 
@@ -24,6 +27,16 @@ import torch
 import torch.nn.functional as F
 
 KINDS = ("auto", "padcrop", "rrc", "flip")
+
+
+def host_to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host tensor on ``device``: as it is for the CPU; otherwise copied into page-locked
+    memory (a host memcpy) and from there asynchronously (``non_blocking``), ordered on the
+    current stream before the kernels that use it. A pageable source would make the copy wait
+    for the device; torch keeps the pinned block alive until the copy has run."""
+    if device.type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 class Normalize:
@@ -48,7 +61,7 @@ class Normalize:
         t = x if isinstance(x, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(x))
         t = t.float() if t.dtype != torch.float32 else t.clone()
         if t.device not in self._on:
-            self._on[t.device] = (self.mean.to(t.device), self.std.to(t.device))
+            self._on[t.device] = (host_to(self.mean, t.device), host_to(self.std, t.device))
         mean, std = self._on[t.device]
         view = (1, -1) + (1,) * max(t.dim() - 2, 0)
         return t.sub_(mean.view(view)).div_(std.view(view))    # in place: one buffer
@@ -80,7 +93,7 @@ def flip_params(n: int, gen: torch.Generator) -> torch.Tensor:
 
 
 def flip_at(x: torch.Tensor, flips: torch.Tensor) -> torch.Tensor:
-    return torch.where(flips.view(-1, 1, 1, 1).to(x.device), x.flip(-1), x)
+    return torch.where(host_to(flips.view(-1, 1, 1, 1), x.device), x.flip(-1), x)
 
 
 def padcrop_params(n: int, pad: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,8 +105,8 @@ def padcrop_at(x: torch.Tensor, oy: torch.Tensor, ox: torch.Tensor, pad: int) ->
     """Zero-pad by ``pad`` and take each sample's ``H × W`` window at ``(oy, ox)`` (one gather)."""
     b, _, h, w = x.shape
     xp = F.pad(x, (pad, pad, pad, pad))
-    rows = (oy.view(-1, 1) + torch.arange(h)).view(b, h, 1).to(x.device)   # indices made on the host
-    cols = (ox.view(-1, 1) + torch.arange(w)).view(b, 1, w).to(x.device)
+    rows = host_to((oy.view(-1, 1) + torch.arange(h)).view(b, h, 1), x.device)   # made on the host
+    cols = host_to((ox.view(-1, 1) + torch.arange(w)).view(b, 1, w), x.device)
     return xp[torch.arange(b, device=x.device).view(b, 1, 1), :, rows, cols].permute(0, 3, 1, 2).contiguous()
 
 
@@ -116,7 +129,7 @@ def crop_resize_at(x: torch.Tensor, boxes: torch.Tensor, flips: torch.Tensor | N
     theta = torch.zeros(b, 2, 3)
     theta[:, 0, 0], theta[:, 0, 2] = sx, 2 * cx - 1
     theta[:, 1, 1], theta[:, 1, 2] = bh, 2 * cy - 1
-    grid = F.affine_grid(theta.to(x.device), (b, c, h, w), align_corners=False)
+    grid = F.affine_grid(host_to(theta, x.device), (b, c, h, w), align_corners=False)
     return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
 
 

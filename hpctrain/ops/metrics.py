@@ -40,16 +40,74 @@ def gpu_time(wall_s: float, world_size: int, epochs: float) -> dict:
     return {"gpu_time_s": total, "avg_single_gpu_time_per_epoch_s": total / epochs if epochs else 0.0}
 
 
+class HostClock:
+    """Phase boundaries on the host clock: what a CPU run spends in each phase."""
+    deferred = False
+
+    def mark(self) -> float:
+        return time.perf_counter()
+
+    def ready(self, mark) -> bool:
+        return True
+
+    def seconds(self, a, b) -> float:
+        return b - a
+
+    def start_s(self, a) -> float:
+        return a
+
+
+class CudaClock:
+    """Phase boundaries as CUDA events on the current stream: what the *GPU* spends in each
+    phase. On a GPU the host only queues kernels, so host time would credit "forward" and
+    "backward" with launch time and "allreduce" with the backward it waits for; events time the
+    device's own work (and, around "data", how long it sat idle waiting for a batch). Durations
+    are known once the end event has completed: :class:`StepTimer` collects them without
+    blocking and waits only in ``reset``. ``event`` makes a timing event (tests: a fake)."""
+    deferred = True
+
+    def __init__(self, device=None, event=None):
+        import torch
+        self.event = event or (lambda: torch.cuda.Event(enable_timing=True))
+        self.anchor, self.anchor_host = self.mark(), time.perf_counter()
+
+    def mark(self):
+        e = self.event()
+        e.record()
+        return e
+
+    def ready(self, mark) -> bool:
+        return mark.query()
+
+    def seconds(self, a, b) -> float:
+        b.synchronize()
+        return a.elapsed_time(b) / 1000.0
+
+    def start_s(self, a) -> float:
+        """Host-clock seconds of ``a`` (the timeline's axis), from an anchor recorded at start."""
+        return self.anchor_host + self.anchor.elapsed_time(a) / 1000.0
+
+
+def clock_for(device) -> HostClock | CudaClock:
+    """CUDA events where the model trains on a CUDA device, else the host clock."""
+    return CudaClock(device) if getattr(device, "type", str(device)) == "cuda" else HostClock()
+
+
 class StepTimer:
-    """Wall time per phase ("data", "forward", "backward", "allreduce", "optimizer", …).
+    """Time per phase ("data", "forward", "backward", "allreduce", "optimizer", …): the host's
+    wall time, or with a :class:`CudaClock` (:func:`clock_for` a CUDA device) the GPU's.
 
     ``with timer.span("forward"):`` accumulates into the current breakdown; ``sinks`` receive
-    ``(name, start_s, duration_s)`` for every span (a timeline writer is one such sink).
+    ``(name, start_s, duration_s)`` for every span (a timeline writer is one such sink), with
+    device timing once the span's end event has completed (checked, never waited for, at each
+    span's end; :meth:`reset` waits for the rest).
     """
 
-    def __init__(self, sinks=()):
+    def __init__(self, sinks=(), clock=None):
         self.totals: dict[str, float] = {}
         self.sinks = list(sinks)
+        self.clock = clock or HostClock()
+        self._pending = []          # (name, start mark, end mark) not resolved yet (device)
 
     def span(self, name: str):
         return _Span(self, name)
@@ -59,8 +117,22 @@ class StepTimer:
         for sink in self.sinks:
             sink(name, start_s, duration_s)
 
+    def finished(self, name: str, a, b) -> None:
+        """A span from mark ``a`` to mark ``b`` has ended (on the host)."""
+        if not self.clock.deferred:
+            self.add(name, self.clock.start_s(a), self.clock.seconds(a, b))
+            return
+        self._pending.append((name, a, b))
+        self._resolve(block=False)
+
+    def _resolve(self, block: bool) -> None:
+        while self._pending and (block or self.clock.ready(self._pending[0][2])):
+            name, a, b = self._pending.pop(0)
+            self.add(name, self.clock.start_s(a), self.clock.seconds(a, b))
+
     def reset(self) -> dict:
         """Return the breakdown so far and start a new one."""
+        self._resolve(block=True)
         out, self.totals = self.totals, {}
         return out
 
@@ -72,11 +144,11 @@ class _Span:
         self.timer, self.name = timer, name
 
     def __enter__(self):
-        self.t0 = time.perf_counter()
+        self.t0 = self.timer.clock.mark()
         return self
 
     def __exit__(self, *exc):
-        self.timer.add(self.name, self.t0, time.perf_counter() - self.t0)
+        self.timer.finished(self.name, self.t0, self.timer.clock.mark())
 
 
 class NullTimer:

@@ -25,7 +25,11 @@ The zero-norm fallback (lambda_eff = 1) is applied after clipping, as apex skips
 All per-layer arithmetic stays on the device: norms come from one multi-tensor call
 (``kernels.multi_tensor_sq_norms`` when the ``kernels`` package imports, else
 ``torch._foreach_norm``), zero norms are handled with ``torch.where`` (no ``if norm != 0``
-host sync per parameter, cf. timm), and updates use ``torch._foreach_*``.
+host sync per parameter, cf. timm), and updates use ``torch._foreach_*`` - about six small
+kernels per layer on a GPU - except where ``kernels.lars_update`` can run it: contiguous fp32
+CUDA tensors with momentum, and CuPy present (``kernels.backend()``), one launch for all
+tensors of a group (``LARS.update_backend`` says which; ``fused_update=True`` forces it, e.g.
+onto its CPU reference in tests, ``False`` never uses it).
 """
 from __future__ import annotations
 
@@ -36,7 +40,7 @@ from torch.optim import Optimizer
 
 NormsFn = Callable[[list[torch.Tensor]], torch.Tensor]
 
-__all__ = ["LARS", "trust_ratio", "resolve_norms_fn"]
+__all__ = ["LARS", "trust_ratio", "resolve_norms_fn", "resolve_update_fn"]
 
 
 def trust_ratio(w_norm: torch.Tensor, g_norm: torch.Tensor, eta: float,
@@ -90,6 +94,23 @@ def resolve_norms_fn(prefer_kernels: bool = True) -> tuple[NormsFn, str]:
     return _foreach_norms, "torch._foreach_norm"
 
 
+def resolve_update_fn(fused_update: bool | None):
+    """``(kernels.lars_update or None, description)``: None where ``fused_update`` is False,
+    the ``kernels`` package does not import, or (``fused_update`` None) CuPy cannot run it on a
+    GPU - a torch reference on the GPU would be no better than the ``_foreach`` path."""
+    if fused_update is False:
+        return None, "torch._foreach (fused_update=False)"
+    try:
+        import kernels
+    except ImportError as exc:
+        return None, f"torch._foreach (kernels not used: {exc})"
+    if fused_update is None:
+        where, why = kernels.backend()
+        if where != "cuda":
+            return None, f"torch._foreach on CPU tensors; CUDA tensors too ({why})"
+    return kernels.lars_update, "kernels.lars_update for contiguous fp32 CUDA tensors, else torch._foreach"
+
+
 class LARS(Optimizer):
     """Momentum SGD with LARS trust ratios (see module docstring for the exact update).
 
@@ -103,7 +124,7 @@ class LARS(Optimizer):
     def __init__(self, params, lr: float, momentum: float = 0.9, weight_decay: float = 0.0,
                  nesterov: bool = False, eta: float = 0.001, eps: float = 0.0,
                  clip: bool = False, exclude_1d: bool = True, trust_ratio: bool = True,
-                 norms_fn: NormsFn | None = None):
+                 norms_fn: NormsFn | None = None, fused_update: bool | None = None):
         if lr < 0 or momentum < 0 or weight_decay < 0 or eta <= 0 or eps < 0:
             raise ValueError(f"LARS: invalid hyper-parameter (lr={lr}, momentum={momentum}, "
                              f"weight_decay={weight_decay}, eta={eta}, eps={eps})")
@@ -118,6 +139,16 @@ class LARS(Optimizer):
         else:
             self.norms_backend = getattr(norms_fn, "__name__", "custom")
         self._norms = norms_fn
+        self.fused_update = fused_update
+        self._lars_update, self.update_backend = resolve_update_fn(fused_update)
+
+    def _use_kernel(self, params: list, grads: list) -> bool:
+        """Does ``kernels.lars_update`` take this group's update (module docstring)?"""
+        if self._lars_update is None:
+            return False
+        if not all(t.dtype == torch.float32 and t.is_contiguous() for t in params + grads):
+            return False
+        return bool(self.fused_update) or params[0].is_cuda
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -164,9 +195,14 @@ class LARS(Optimizer):
         u is accumulated straight into the momentum buffer (or the weights)."""
         grads = [p.grad for p in params]
         per_tensor = isinstance(step, list)
+        m = group["momentum"]
+        if m > 0 and self._use_kernel(params, grads):      # one launch for the whole group
+            bufs = [self._buffer(p) for p in params]
+            arg = torch.stack(step).to(torch.float32) if per_tensor else float(step)
+            self._lars_update(params, grads, bufs, arg, wd, m, group["nesterov"])
+            return
         neg = [-s for s in step] if per_tensor else -step
         shrink = [1.0 - wd * s for s in step] if per_tensor else 1.0 - wd * step
-        m = group["momentum"]
         if m == 0:                                   # w = w*(1 - step*wd) - step*g
             if wd:
                 torch._foreach_mul_(params, shrink)

@@ -24,7 +24,7 @@ from typing import Iterable
 
 import torch
 
-__all__ = ["LossScaler", "next_scale", "all_finite", "grads_have_inf", "unscale_and_check_",
+__all__ = ["LossScaler", "next_scale", "all_finite", "finite_flag", "grads_have_inf", "unscale_and_check_",
            "MIN_SCALE", "MAX_SCALE"]
 
 MIN_SCALE, MAX_SCALE = 1.0, 2.0 ** 24
@@ -110,21 +110,41 @@ def _grads(params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
 
 
 @torch.no_grad()
-def all_finite(tensors: Iterable) -> bool:
-    """Do all ``tensors`` (None entries skipped) hold only finite values? One host sync in all.
+def finite_flag(tensors: Iterable, fused: bool | None = None) -> torch.Tensor | None:
+    """A 0-d bool tensor, on the tensors' device: do all ``tensors`` (None entries skipped) hold
+    only finite values? Nothing is read back to the host (None: no elements at all).
 
     Each tensor's sum (fp32 accumulation for 16-bit tensors), then the sum of those: inf and NaN
     propagate through sums. On CPU this is the cheapest full pass measured (ResNet-50's 25.6 M
     weights, one thread: sums 13 ms, ``_foreach_norm`` order 2 15 ms, order 1 51 ms, order inf
-    172 ms, ``isfinite().all()`` per tensor slower still: it materialises a bool tensor). As in
+    172 ms, ``isfinite().all()`` per tensor slower still: it materialises a bool tensor). On a
+    GPU (``fused``, the default for CUDA tensors) one reduction per tensor would be ~160 kernel
+    launches for ResNet-50, so the multi-tensor ``torch._foreach_norm`` of order 1 in fp32 (a
+    sum of absolute values: the same propagation, a few launches for all) replaces them. As in
     ``hpctrain.comm.fused.nonfinite``, finite values count as non-finite only if a sum exceeds
     fp32's 3.4e38 - weights of ~1e31 on average, a run that has diverged anyway.
     """
-    sums = [t.sum(dtype=torch.float32) if t.dtype in (torch.float16, torch.bfloat16) else t.sum()
-            for t in tensors if t is not None and t.numel()]
-    if not sums:
-        return True
-    return bool(torch.isfinite(torch.stack([s.to(torch.float32) for s in sums]).sum()))
+    tensors = [t for t in tensors if t is not None and t.numel()]
+    if not tensors:
+        return None
+    if fused is None:
+        fused = tensors[0].device.type == "cuda"
+    if fused:       # 16-bit tensors accumulate in fp32 (one call per kind, at most two)
+        narrow = [t for t in tensors if t.dtype in (torch.float16, torch.bfloat16)]
+        wide = [t for t in tensors if t.dtype not in (torch.float16, torch.bfloat16)]
+        sums = ([*torch._foreach_norm(narrow, 1, dtype=torch.float32)] if narrow else []) + \
+               ([*torch._foreach_norm(wide, 1)] if wide else [])
+    else:
+        sums = [t.sum(dtype=torch.float32) if t.dtype in (torch.float16, torch.bfloat16) else t.sum()
+                for t in tensors]
+    return torch.isfinite(torch.stack([s.to(torch.float32) for s in sums]).sum())
+
+
+def all_finite(tensors: Iterable, fused: bool | None = None) -> bool:
+    """Do all ``tensors`` hold only finite values? :func:`finite_flag`, read once: one host
+    sync in all."""
+    flag = finite_flag(tensors, fused)
+    return True if flag is None else bool(flag)
 
 
 def grads_have_inf(params: Iterable) -> bool:

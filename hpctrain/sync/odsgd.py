@@ -204,6 +204,7 @@ class ODSGD:
             while not self.sync.poll_reduction():   # a polite wait: on a shared core the ranks
                 os.sched_yield()                   # the ring waits for get to run (MPI would spin)
             found_inf = self.sync.finish(scatter=False)
+            self.guard.settle()                    # the last global update's weight flag
             local_grads = [p.grad for p in self.params]
             self.sync.scatter_means()              # p.grad: views of the means (no copy)
         rnd, self._round = self._round, None
@@ -253,6 +254,7 @@ class ODSGD:
         """Complete the update in flight and set ŵ := W, u := 0 (collective)."""
         if self._round is not None:
             self._complete_round()
+        self.guard.settle()
         if self._local_buf is not None:
             for b in self._local_buf:
                 b.zero_()

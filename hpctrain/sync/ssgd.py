@@ -16,10 +16,14 @@ sync's overflow flag sees it everywhere at the same step with no extra collectiv
   above 65504; pre-division rules this out in fp32), the step is skipped everywhere and counted
   like a loss scaler's skip; ``MAX_WIRE_SKIPS`` of them in a row stop the job, since the weights
   no longer move;
-* after the optimiser step: :func:`~hpctrain.optim.loss_scale.all_finite` on the weights (one
-  pass, one host sync; 13 ms for ResNet-50 on one CPU thread). The weights are bitwise
-  identical on every rank, so is the verdict; non-finite weights (a finite gradient times a
-  huge lr) raise :class:`NonFiniteError`.
+* after the optimiser step: :func:`~hpctrain.optim.loss_scale.finite_flag` on the weights (one
+  pass; 13 ms for ResNet-50 on one CPU thread, a few fused kernels on a GPU). The weights are
+  bitwise identical on every rank, so is the verdict; non-finite weights (a finite gradient
+  times a huge lr) raise :class:`NonFiniteError` naming the step of the update. On the CPU the
+  flag is read at once. On a GPU it stays a device flag, read lazily (:meth:`NonFiniteGuard.settle`)
+  once the next step's gradient sync has returned - by then the device has long computed it,
+  so the read costs no stall - or when the run finishes; reading it at once would make the host
+  wait for the optimiser's kernels every step instead of queuing the next forward.
 
 A loss that is NaN while its gradient stays finite (a NaN constant added to it) is not caught:
 it only shows in the epoch's mean loss. Step numbers count from 0 (``lr_at``'s, the trainer's
@@ -34,7 +38,7 @@ import torch
 
 from hpctrain.errors import UserError
 from hpctrain.ops.metrics import NULL_TIMER, StepTimer
-from hpctrain.optim.loss_scale import all_finite
+from hpctrain.optim.loss_scale import all_finite, finite_flag
 
 MAX_WIRE_SKIPS = 10     # consecutive unscaled steps whose finite gradients overflowed the wire
 
@@ -79,11 +83,13 @@ class NonFiniteGuard:
     """What happens when the agreed flag says the mean gradient is non-finite and no loss scaler
     handles it, and the weight check after each update (module docstring)."""
 
-    __slots__ = ("comm", "wire_skips")
+    __slots__ = ("comm", "wire_skips", "lazy", "pending")
 
-    def __init__(self, comm):
+    def __init__(self, comm, lazy: bool | None = None):
         self.comm = comm            # the gradient sync's: every rank reaches the same calls
         self.wire_skips = 0         # consecutive skipped steps (finite gradients, overflowing sum)
+        self.lazy = lazy            # read the weight flag later (None: where it is on a GPU)
+        self.pending = None         # (step, device flag) of an update not checked yet
 
     def overflow(self, step: int, loss: torch.Tensor, own_grads_finite: bool) -> None:
         """Collective, at the same step on every rank: raise :class:`NonFiniteError` naming the
@@ -107,9 +113,24 @@ class NonFiniteGuard:
                                  "weights no longer change; lower optim.lr or set comm.compression=none")
 
     def applied(self, step: int, params) -> None:
-        """After an update: every rank's (identical) weights must be finite."""
+        """After an update: every rank's (identical) weights must be finite. Computes one
+        device flag; reads it now, or (``lazy``, the default on a GPU) in :meth:`settle`."""
         self.wire_skips = 0
-        if not all_finite(params):
+        self.settle()
+        flag = finite_flag(params)
+        if flag is None:
+            return
+        self.pending = (step, flag)
+        if not (flag.device.type != "cpu" if self.lazy is None else self.lazy):
+            self.settle()
+
+    def settle(self) -> None:
+        """Read the flag of the last update, if not read yet (one host sync); raise if the
+        weights became non-finite there. The same on every rank (the weights are identical)."""
+        if self.pending is None:
+            return
+        (step, flag), self.pending = self.pending, None
+        if not bool(flag):
             raise NonFiniteError(f"step {step}: the weights became non-finite in the update on every rank "
                                  "although the mean gradient was finite (lower optim.lr)")
 
@@ -135,6 +156,8 @@ class SSGD:
             (loss * self.scaler.scale if self.scaler else loss).backward()
         with self.timer.span("allreduce"):
             overflow = bool(self.sync.finish(scatter=False))   # starts the round; p.grad: still this rank's own
+        if self.guard is not None:
+            self.guard.settle()     # the last update's weight flag: computed long ago by now
             if not overflow:
                 self.sync.scatter_means()                      # p.grad: views of the means
         scale = self.scaler.scale if self.scaler else 1.0
@@ -150,6 +173,11 @@ class SSGD:
             self.optimizer.step()
             self.guard.applied(step, self.params)
         return StepResult(loss.detach())
+
+    def finish(self) -> None:
+        """Check the last update's weights (a lazily read flag) before evaluating or saving."""
+        if self.guard is not None:
+            self.guard.settle()
 
     def state_dict(self) -> dict:
         return {"scaler": self.scaler.state_dict() if self.scaler else None, "steps": self.steps}

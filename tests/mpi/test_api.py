@@ -72,3 +72,16 @@ def test_allreduce_metrics_and_broadcast():
     m = UserNet()
     hpctrain.broadcast_parameters(m, comm)
     assert len(set(comm.allgather(float(m.fc1.weight.sum())))) == 1
+
+
+@pytest.mark.mpi
+def test_physical_local_rank_ignores_emulated_nodes(closer):
+    """ranks_per_node=1 makes every rank local rank 0 of its own emulated node; the rank on the
+    physical host (what GPU binding uses) is the shared-memory split's, as without emulation."""
+    from hpctrain.topology import Topology
+    comm = MPI.COMM_WORLD
+    real = closer(Topology.create(comm))
+    emulated = closer(Topology.create(comm, ranks_per_node=1))
+    assert emulated.local_rank == 0 and emulated.emulated
+    assert emulated.physical_local_rank == real.local_rank == real.physical_local_rank
+    assert sorted(comm.allgather(emulated.physical_local_rank)) == list(range(real.local_size))

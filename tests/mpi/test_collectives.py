@@ -83,3 +83,68 @@ def test_topology_emulated_nodes(closer):
     real = closer(Topology.create(comm))
     assert real.n_nodes == 1 and real.local_size == size   # one host
     assert real.node_sizes == (size,) and real.min_local_size == size
+
+
+class CountingComm:
+    """Forwards to a communicator, counting ``Bcast`` calls."""
+
+    def __init__(self, comm):
+        self.comm, self.bcasts = comm, 0
+
+    def Bcast(self, buf, root=0):
+        self.bcasts += 1
+        return self.comm.Bcast(buf, root=root)
+
+    def Get_rank(self):
+        return self.comm.Get_rank()
+
+
+@pytest.mark.mpi
+def test_buffers_broadcast_in_one_bcast_whatever_their_dtypes(monkeypatch):
+    """BatchNorm-like buffers of mixed dtypes and shapes (0-d, int64, fp16, bool) become root's
+    in one Bcast (issue 22, finding 8); with a small chunk limit, in several, the same bytes."""
+    from hpctrain.comm import collectives
+    comm = MPI.COMM_WORLD
+    r = comm.Get_rank()
+
+    def buffers():
+        return [torch.full((64,), r + 0.5), torch.tensor(r + 3), torch.full((3, 5), r + 1.0, dtype=torch.float16),
+                torch.tensor([r % 2 == 0, True]), torch.arange(7, dtype=torch.float64) * (r + 1),
+                torch.full((1,), r, dtype=torch.int8)]
+    want = [torch.full((64,), 0.5), torch.tensor(3), torch.full((3, 5), 1.0, dtype=torch.float16),
+            torch.tensor([True, True]), torch.arange(7, dtype=torch.float64), torch.zeros(1, dtype=torch.int8)]
+    # 100 bytes: [256 B alone], [8, 30, 2 B], [56, 1 B] (each starts 16-byte aligned)
+    for cap, n_bcasts in ((collectives.BCAST_CHUNK_BYTES, 1), (100, 3)):
+        monkeypatch.setattr(collectives, "BCAST_CHUNK_BYTES", cap)
+        bufs, counting = buffers(), CountingComm(comm)
+        collectives.broadcast_tensors(bufs + [torch.empty(0)], counting)
+        assert counting.bcasts == n_bcasts
+        for got, w in zip(bufs, want):
+            assert got.dtype == w.dtype and torch.equal(got, w), (got, w)
+
+
+@pytest.mark.mpi
+def test_channels_last_model_broadcasts_and_trains_like_a_contiguous_one(closer):
+    """train.channels_last: the weights' strides differ, the broadcast and a step do not."""
+    from hpctrain import gpu_settings
+    from hpctrain.topology import Topology
+    from hpctrain.trainer import DistributedTrainer
+    comm = MPI.COMM_WORLD
+    topo = closer(Topology.create(comm))
+    results = []
+    for channels_last in (False, True):
+        torch.manual_seed(comm.Get_rank())                  # different on every rank: broadcast fixes it
+        model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Flatten(),
+                                    torch.nn.Linear(4 * 6 * 6, 3))
+        model = gpu_settings.model_memory_format(model, channels_last)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        trainer = closer(DistributedTrainer(model, opt, topo, strategy="flat", tune="static"))
+        assert model[0].weight.is_contiguous() != channels_last
+        g = torch.Generator().manual_seed(10 + comm.Get_rank())
+        for _ in range(2):
+            trainer.step(torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 3, (4,), generator=g))
+        results.append([p.detach().contiguous().clone() for p in model.parameters()])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    sums = comm.allgather(float(sum(p.double().sum() for p in results[1])))
+    assert len(set(sums)) == 1

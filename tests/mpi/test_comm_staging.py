@@ -317,6 +317,46 @@ def test_cuda_aware_mpi_takes_device_buffers_directly(strategy, codec, how, monk
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("nbc", ["0", "1"])
+@pytest.mark.parametrize("overlap", [False, True])
+def test_device_buffers_reach_iallreduce_only_where_allowed(overlap, nbc, monkeypatch, closer):
+    """Direct route, buffers handed over as tensors (CPU tensors standing in for device memory):
+    MPI's collectives get them only in blocking rounds (``Allreduce``) or where the non-blocking
+    collectives are allowed device memory (``HPCTRAIN_CUDA_AWARE_NBC=1``); otherwise the
+    non-blocking rounds of MPI's buckets run the ring (Isend/Irecv). The means stay within the
+    bounds of MPI's Allreduce mean either way."""
+    monkeypatch.setattr(ring, "AS_TENSOR", frozenset({"cpu", "cuda"}))
+    collective, p2p = [], []
+    arr, msg = ring._arr, ring._msg
+    monkeypatch.setattr(ring, "_arr", lambda t: collective.append(type(arr(t))) or arr(t))
+    monkeypatch.setattr(ring, "_msg", lambda t: p2p.append(type(msg(t)[0])) or msg(t))
+    monkeypatch.setenv(ring.cuda_mpi.NBC_SWITCH, nbc)
+    topo = closer(Topology.create(MPI.COMM_WORLD, ranks_per_node=1))
+    comm = topo.comm
+    sizes, bucket_bytes = CASES["several"]
+    with monkeypatch.context() as m:
+        m.setenv("HPCTRAIN_CUDA_AWARE_MPI", "1")
+        m.setenv(staging.TEST_SWITCH, "1")
+        params = [torch.nn.Parameter(torch.zeros(n)) for n in sizes]
+        sync = closer(comm_lib.create("flat", params, topo, bucket_bytes=bucket_bytes, overlap=overlap))
+    assert all(b.staging is None for b in sync.buckets)
+    methods = sync._methods()
+    collective.clear(), p2p.clear()
+    for coefs, got in rounds(params, sync, comm, seed=11):
+        for g, (mean, mean_abs) in zip(got, reference(coefs, comm)):
+            err = np.abs(g.double().numpy() - mean)
+            assert np.all(err <= bound("none", torch.float32, comm.Get_size(), mean_abs))
+    if comm.Get_size() == 1:
+        return
+    if overlap and nbc == "0":      # non-blocking rounds: no tensor ever reaches a collective
+        assert collective == [] and p2p and set(p2p) == {torch.Tensor}
+        assert "mpi" not in methods     # the choice says so too (nothing for MPI to measure)
+    else:
+        assert "mpi" in methods                           # Allreduce (blocking round) or the allowed Iallreduce
+        assert collective and set(collective) == {torch.Tensor}
+
+
+@pytest.mark.mpi
 def test_this_machine_stages_by_default(monkeypatch, closer):
     from hpctrain.comm import cuda_mpi
     monkeypatch.delenv(cuda_mpi.AWARE_SWITCH, raising=False)

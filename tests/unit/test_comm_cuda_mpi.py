@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import kernels
-from hpctrain.comm import cuda_mpi, staging
+from hpctrain import comm as comm_lib
+from hpctrain.comm import cuda_mpi, ring, staging
 from hpctrain.comm.compression import FP16Compression
 from hpctrain.comm.progress import Pending
 
@@ -114,6 +115,60 @@ def test_cuda_aware_switch_wins_and_this_machine_is_not_cuda_aware():
     assert cuda_mpi.cuda_aware({cuda_mpi.AWARE_SWITCH: "0"})[0] is False
     aware, how = cuda_mpi.cuda_aware({})     # Debian's Open MPI 4.1.4: built without CUDA
     assert aware is False and "MPIX_Query_cuda_support() = 0" in how
+
+
+class BothQueries(MPICHLike):
+    """MPICH >= 4.1: the Open MPI-style query as well as its own."""
+
+    def __init__(self, answer):
+        super().__init__(answer)
+        self.MPIX_Query_cuda_support = lambda: 1
+
+
+@pytest.mark.parametrize("lib,version,want", [
+    (OpenMPILike(1), "Open MPI v5.0.3, package: Open MPI", False),   # libnbc: host reductions
+    (BothQueries(1), "Open MPI v5.0.3", False),                     # never Open MPI, whatever it has
+    (MPICHLike(1), "MPICH Version:\t4.2.0", True),
+    (BothQueries(0), "MPICH Version:\t4.2.0", False),               # asks the GPU query, not the other
+    (OpenMPILike(1), "MVAPICH2 Version 2.3.7", False),              # no MPIX_GPU_query_support
+    (object(), "MPICH Version:\t3.4", False)])
+def test_query_nonblocking(lib, version, want):
+    ok, how = cuda_mpi.query_nonblocking(lib, version)
+    assert ok is want and how
+
+
+def test_nonblocking_switch_wins_and_needs_a_cuda_aware_library():
+    env = {cuda_mpi.NBC_SWITCH: "1"}
+    assert cuda_mpi.nonblocking_device_ok(env) == (True, "HPCTRAIN_CUDA_AWARE_NBC=1")
+    assert cuda_mpi.nonblocking_device_ok({cuda_mpi.NBC_SWITCH: "0", cuda_mpi.AWARE_SWITCH: "1"})[0] is False
+    ok, how = cuda_mpi.nonblocking_device_ok({})       # this machine: not CUDA-aware at all
+    assert ok is False and "not CUDA-aware" in how
+    # CUDA-aware Open MPI (forced here): still no device buffers in Iallreduce
+    ok, how = cuda_mpi.nonblocking_device_ok({cuda_mpi.AWARE_SWITCH: "1"})
+    assert ok is False and "Open MPI" in how
+    with pytest.raises(ValueError, match="HPCTRAIN_CUDA_AWARE_NBC='on'"):
+        cuda_mpi.nonblocking_device_ok({cuda_mpi.NBC_SWITCH: "on"})
+
+
+def test_device_buffers_never_reach_a_nonblocking_collective_unless_allowed(monkeypatch):
+    """The route of a bucket MPI sums: blocking Allreduce in a blocking round; otherwise
+    Iallreduce only where MPI's non-blocking collectives take the memory, else the ring."""
+    assert ring.mpi_route(blocking=True, nbc_ok=False) == "Allreduce"
+    assert ring.mpi_route(blocking=True, nbc_ok=True) == "Allreduce"
+    assert ring.mpi_route(blocking=False, nbc_ok=True) == "Iallreduce"
+    assert ring.mpi_route(blocking=False, nbc_ok=False) == "ring"
+    monkeypatch.delenv(cuda_mpi.NBC_SWITCH, raising=False)
+    monkeypatch.setenv(cuda_mpi.AWARE_SWITCH, "1")       # a CUDA-aware Open MPI
+    assert ring.nonblocking_mpi_ok("cpu")                 # host memory: NumPy views
+    assert not ring.nonblocking_mpi_ok(torch.device("cuda", 0))
+    # a device bucket of MPI's keeps ring buffers for its non-blocking rounds
+    none = comm_lib.compression.get("none")
+    monkeypatch.setattr(ring, "AS_TENSOR", frozenset({"cpu", "cuda"}))  # CPU tensors stand in
+    buf = ring.RingBuffers(1000, torch.float32, 2, none, "mpi", "cpu")
+    assert buf.method == "mpi" and not buf.nbc_ok and buf.recv.numel() == 500
+    monkeypatch.setenv(cuda_mpi.NBC_SWITCH, "1")
+    buf = ring.RingBuffers(1000, torch.float32, 2, none, "mpi", "cpu")
+    assert buf.nbc_ok and buf.recv.numel() == 0
 
 
 def test_route():

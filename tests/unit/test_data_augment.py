@@ -77,3 +77,31 @@ def test_padcrop_params_range():
     assert sorted(set(oy.tolist())) == list(range(7)) and sorted(set(ox.tolist())) == list(range(7))
     with pytest.raises(ValueError, match="augmentation 'cutout'"):
         Augment("cutout")
+
+
+def test_host_made_tensors_reach_the_device_through_pinned_non_blocking_copies(monkeypatch):
+    """Every tensor an applier makes on the host goes through ``host_to`` (issue 22, finding 7),
+    which copies from page-locked memory without blocking; on the CPU it is the tensor itself."""
+    from hpctrain.data import augment
+    seen = []
+    real = augment.host_to
+    monkeypatch.setattr(augment, "host_to", lambda t, device: seen.append(t.shape) or real(t, device))
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 3, 16, 16)
+    augment.Augment("padcrop")(x, gen)          # rows, cols, flips
+    assert len(seen) == 3
+    seen.clear()
+    augment.Augment("rrc")(torch.randn(4, 3, 96, 96), gen)      # theta (flip folded in)
+    assert len(seen) == 1
+    seen.clear()
+    augment.Normalize({"mean": [0.5] * 3, "std": [0.2] * 3}, 3)(x)
+    assert seen == []                           # CPU: mean/std already there
+    t = torch.arange(6)
+    assert real(t, torch.device("cpu")) is t
+    pinned = []
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: pinned.append(self) or self)
+    calls = []
+    real_to = torch.Tensor.to
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: calls.append(k) or real_to(self, *a, **k))
+    out = real(t, torch.device("meta"))         # a non-CPU device that needs no GPU
+    assert out.device.type == "meta" and pinned == [t] and calls == [{"non_blocking": True}]

@@ -178,3 +178,43 @@ def test_lars_float32_with_default_backend_matches_numpy():
     want = numpy_lars(ws, steps, lr=0.7, m=0.9, wd=5e-4, eta=0.02, eps=1e-9)
     for p, w in zip(params, want):
         np.testing.assert_allclose(p.detach().numpy(), w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+@pytest.mark.parametrize("clip", [False, True])
+def test_fused_update_equals_foreach_path(nesterov, clip, monkeypatch):
+    """``kernels.lars_update`` (here its CPU reference, as forced by ``fused_update=True``; on a
+    GPU the CUDA kernel) gives the ``_foreach`` path's weights and momentum, fp32, over steps
+    with trust-ratio, weight-decay-only and excluded 1-D groups (issue 22, finding 6)."""
+    import kernels
+    calls = []
+    real = kernels.lars_update
+    monkeypatch.setattr(kernels, "lars_update", lambda *a, **k: calls.append(len(a[0])) or real(*a, **k))
+    ws, steps = make_case(2)
+
+    def run(fused):
+        params = [torch.nn.Parameter(torch.tensor(w, dtype=torch.float32)) for w in ws]
+        groups = [{"params": params[:2]}, {"params": params[2:], "trust_ratio": False}]
+        opt = LARS(groups, lr=0.7, momentum=0.9, weight_decay=5e-4, eta=0.02, eps=1e-9, nesterov=nesterov,
+                   clip=clip, fused_update=fused)
+        for grads in steps:
+            for p, g in zip(params, grads):
+                p.grad = torch.tensor(g, dtype=torch.float32)
+            opt.step()
+        return params, [opt.state[p]["momentum_buffer"] for p in params], opt
+
+    fused, fused_v, opt = run(True)
+    # per step: the trust-ratio group, the weight-decay group (none here) and the excluded 1-D one
+    assert calls and len(calls) == 3 * len(steps) and opt.update_backend.startswith("kernels.lars_update")
+    plain, plain_v, _ = run(False)
+    assert len(calls) == 3 * len(steps)             # the foreach run never called the kernel
+    for a, b in zip(fused + fused_v, plain + plain_v):
+        torch.testing.assert_close(a, b, rtol=2e-6, atol=1e-7)
+    assert not torch.equal(fused[0], torch.tensor(ws[0], dtype=torch.float32))
+
+
+def test_cpu_tensors_keep_the_foreach_path_by_default():
+    p = torch.nn.Parameter(torch.ones(4, 3))
+    opt = LARS([p], lr=0.1)
+    assert not opt._use_kernel([p], [torch.ones(4, 3)])       # CPU tensors: never by default
+    assert "torch._foreach" in opt.update_backend or "CUDA tensors" in opt.update_backend

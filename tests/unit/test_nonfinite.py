@@ -10,15 +10,16 @@ from mpi4py import MPI
 
 from hpctrain import comm as comm_lib
 from hpctrain.errors import UserError
-from hpctrain.optim.loss_scale import LossScaler, all_finite, grads_have_inf
+from hpctrain.optim.loss_scale import LossScaler, all_finite, finite_flag, grads_have_inf
 from hpctrain.sync import SSGD, NonFiniteError
 from hpctrain.sync.ssgd import MAX_WIRE_SKIPS, NonFiniteGuard
 from hpctrain.topology import Topology
 from hpctrain.trainer import DistributedTrainer
 
 
+@pytest.mark.parametrize("fused", [False, True])     # True: the GPU's multi-tensor path, on CPU
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
-def test_all_finite_matches_numpy(dtype):
+def test_all_finite_matches_numpy(dtype, fused):
     g = torch.Generator().manual_seed(3)
     for trial in range(40):
         tensors = [torch.randn(n, generator=g).to(dtype) for n in (1, 7, 300, 70_000)]
@@ -26,15 +27,16 @@ def test_all_finite_matches_numpy(dtype):
             t = tensors[trial % len(tensors)]
             t.view(-1)[trial * 7919 % t.numel()] = (float("nan"), float("inf"), float("-inf"))[trial % 3]
         want = all(np.isfinite(t.float().numpy()).all() for t in tensors)
-        assert all_finite(tensors) is want
-        assert all_finite(tensors + [None, torch.empty(0, dtype=dtype)]) is want
-    assert all_finite([]) is True
+        assert all_finite(tensors, fused) is want
+        assert all_finite(tensors + [None, torch.empty(0, dtype=dtype)], fused) is want
+    assert all_finite([], fused) is True
 
 
-def test_all_finite_large_finite_values_and_parameters():
-    assert all_finite([torch.full((1000,), 1e34), torch.full((1,), -3e38)]) is True
+@pytest.mark.parametrize("fused", [False, True])
+def test_all_finite_large_finite_values_and_parameters(fused):
+    assert all_finite([torch.full((1000,), 1e34), torch.full((1,), -3e38)], fused) is True
     half = torch.full((1000,), 60000.0, dtype=torch.float16)      # sums accumulate in fp32: no overflow
-    assert all_finite([half]) is True and all_finite([half * 2]) is False
+    assert all_finite([half], fused) is True and all_finite([half * 2], fused) is False
     p = torch.nn.Parameter(torch.ones(3))
     assert all_finite([p]) is True and all_finite([p.detach() * float("nan")]) is False
     p.grad = torch.tensor([1.0, float("nan"), 0.0])
@@ -73,6 +75,37 @@ def test_guard_skips_finite_overflows_until_the_limit():
         guard.overflow(step, torch.tensor(1.0), True)
     with pytest.raises(NonFiniteError, match=f"{MAX_WIRE_SKIPS} steps in a row"):
         guard.overflow(50, torch.tensor(1.0), True)
+
+
+def test_fused_flag_is_one_multi_tensor_reduction_and_no_host_read(monkeypatch):
+    """The GPU path: one ``_foreach_norm`` for all tensors, never a per-tensor reduction, and
+    nothing read back: the flag stays a 0-d tensor until someone asks."""
+    calls = []
+    real = torch._foreach_norm
+    monkeypatch.setattr(torch, "_foreach_norm", lambda ts, *a, **k: calls.append(len(ts)) or real(ts, *a, **k))
+    tensors = [torch.ones(n) for n in range(1, 161)]               # ResNet-50 has ~160
+    sums, real_sum = [], torch.Tensor.sum
+    monkeypatch.setattr(torch.Tensor, "sum", lambda *a, **k: sums.append(1) or real_sum(*a, **k))
+    monkeypatch.setattr(torch.Tensor, "__bool__", lambda self: pytest.fail("read back"))
+    flag = finite_flag(tensors, fused=True)
+    assert calls == [160] and len(sums) == 1          # the one sum of the 160 norms
+    assert isinstance(flag, torch.Tensor) and flag.dim() == 0
+
+
+def test_lazy_guard_reads_the_weight_flag_once_later_and_names_the_step():
+    guard = NonFiniteGuard(Verdicts([]), lazy=True)
+    bad = [torch.ones(3), torch.tensor([float("inf")])]
+    guard.applied(7, bad)                       # no read, no raise: the flag is pending
+    assert guard.pending[0] == 7
+    with pytest.raises(NonFiniteError, match="^step 7: the weights became non-finite"):
+        guard.settle()
+    assert guard.pending is None
+    guard.settle()                              # read once
+    guard.applied(8, [torch.ones(2)])
+    with pytest.raises(NonFiniteError, match="^step 9:"):
+        guard.applied(9, bad) or guard.applied(10, [torch.ones(2)])   # 9's flag read at 10
+    with pytest.raises(NonFiniteError, match="^step 3:"):            # CPU default: at once
+        NonFiniteGuard(Verdicts([])).applied(3, bad)
 
 
 # --- SSGD and OD-SGD on one rank ----------------------------------------------------------------------

@@ -6,6 +6,7 @@ package manager runs; a fake ``nvidia-smi`` on PATH stands in for a GPU node's.
 import importlib.util
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,16 @@ def test_setup_on_a_gpu_node_takes_the_cuda_build(tmp_path, version, torch_pin, 
 def test_a_node_whose_nvidia_smi_lists_no_gpu_keeps_the_cpu_wheel(tmp_path):
     r = dry_run(tmp_path, [smi_on_path(tmp_path, "12.4", listing="")])
     assert r.returncode == 0 and "CPU wheel; no GPU: nvidia-smi lists none" in r.stdout
+
+
+@pytest.mark.parametrize("installed, flavour, want", [
+    ("2.13.0+cu126", "cpu", True),      # GPU=0 rerun over a CUDA build: pip alone would keep it
+    ("2.13.0+cu130", "cpu", True),
+    ("2.13.0", "cpu", False), ("2.13.0+cpu", "cpu", False),
+    ("2.13.0+cu126", "cu126", False),   # a CUDA pin names its label: pip replaces other builds
+    ("2.13.0", "cu126", False),
+])
+def test_a_cpu_rerun_replaces_an_installed_cuda_build(installed, flavour, want):
+    assert gc.replaces_installed(installed, flavour) is want
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_choice.py"), "--replaces", installed, flavour])
+    assert (r.returncode == 0) is want
