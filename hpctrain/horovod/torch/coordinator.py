@@ -117,6 +117,9 @@ class Coordinator:
         self.warn_s = _env_seconds("HOROVOD_STALL_CHECK_TIME_SECONDS", 60.0)
         self.abort_s = _env_seconds("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", 600.0)
         self.refuse_joined = refuse_joined
+        # The whole job ends: MPICH's Abort on any other communicator (even a Dup of the world)
+        # ends only the calling process, leaving a rank that never came running.
+        self._abort = MPI.COMM_WORLD.Abort
         self._join_order: list[int] = []     # rank 0: ranks in the order they joined
         self.n_agreed = 0
 
@@ -191,7 +194,7 @@ class Coordinator:
             sys.stderr.write(line + "\n")
             sys.stderr.flush()
         time.sleep(0.3 if speak else 2.0)     # the speaker's line first; its abort usually wins
-        self.comm.Abort(2)
+        self._abort(2)
 
     def close(self) -> None:
         if self.comm != MPI.COMM_NULL:
