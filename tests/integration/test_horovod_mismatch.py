@@ -1,6 +1,7 @@
 """Ranks of a Horovod script that call different collectives, or where one never comes: the job
 ends promptly with a non-zero status and one line naming the tensor and the ranks, not a hang."""
 import os
+import re
 
 import pytest
 
@@ -20,7 +21,8 @@ def run(n, mode):
 def test_agreeing_ranks_finish():
     r, _, errors = run(2, "ok")
     assert r.returncode == 0 and not errors, r.stderr[-3000:]
-    assert sorted(r.stdout.split("\n")[:2]) == ["rank 0: [1.0, 1.0, 1.0, 1.0]", "rank 1: [1.0, 1.0, 1.0, 1.0]"]
+    # (the launcher may forward one rank's line and another's newline in either order)
+    assert sorted(re.findall(r"rank (\d): \[1\.0, 1\.0, 1\.0, 1\.0\]", r.stdout)) == ["0", "1"], r.stdout
 
 
 @pytest.mark.parametrize("n, mode, theirs, odd", [
