@@ -32,10 +32,15 @@ def make_model(seed, dtype):
     return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)).to(dtype)
 
 
-def global_batches(size, dtype):
+def global_batches(size, dtype, steps=STEPS):
     g = torch.Generator().manual_seed(99)
     return [(torch.randn(size * PER_RANK, 6, generator=g, dtype=dtype),
-             torch.randint(0, 3, (size * PER_RANK,), generator=g)) for _ in range(STEPS)]
+             torch.randint(0, 3, (size * PER_RANK,), generator=g)) for _ in range(steps)]
+
+
+def shard(batch, r):
+    x, y = batch
+    return x[r * PER_RANK:(r + 1) * PER_RANK], y[r * PER_RANK:(r + 1) * PER_RANK]
 
 
 def sgd(model):
@@ -150,6 +155,32 @@ def test_step_after_synchronize_warns_and_extra_backward_is_refused():
         opt.close()
 
 
+def test_join_with_uneven_batches_averages_over_every_rank():
+    """Rank r has r + 1 batches; a joined rank adds zero gradients to the others' steps and the
+    average still divides by every rank (Horovod's join). Reference: the same sums made locally
+    from every active rank's shard, step by step; rank r compares after its own last step."""
+    rank, size = world()
+    batches = global_batches(size, torch.float64, steps=size)
+    model = make_model(0, torch.float64)
+    opt = hvd.DistributedOptimizer(sgd(model), named_parameters=model.named_parameters())
+    try:
+        for step in range(rank + 1):
+            opt.zero_grad()
+            loss_fn(model, *shard(batches[step], rank)).backward()
+            opt.step()
+        assert hvd.join() == size - 1
+    finally:
+        opt.close()
+    ref = make_model(0, torch.float64)
+    ref_opt = sgd(ref)
+    for step in range(rank + 1):
+        ref_opt.zero_grad()
+        (sum(loss_fn(ref, *shard(batches[step], r)) for r in range(step, size)) / size).backward()
+        ref_opt.step()
+    assert max_diff(ref, make_model(0, torch.float64)) > 1e-3
+    assert max_diff(model, ref) <= 1e-12
+
+
 # --- broadcast_optimizer_state -----------------------------------------------------------------
 OPTIMIZERS = {
     "SGD": lambda p, lr: torch.optim.SGD(p, lr=lr, momentum=0.9, nesterov=True, weight_decay=1e-3),
@@ -165,7 +196,16 @@ OPTIMIZERS = {
     "Rprop": lambda p, lr: torch.optim.Rprop(p, lr=lr, etas=(0.4, 1.3)),
     "SparseAdam": lambda p, lr: torch.optim.SparseAdam(p, lr=lr),
     "LBFGS": lambda p, lr: torch.optim.LBFGS(p, lr=lr, max_iter=3, history_size=2),
+    "Adafactor": lambda p, lr: torch.optim.Adafactor(p, lr=lr, beta2_decay=-0.7),
+    "Muon": lambda p, lr: torch.optim.Muon(p, lr=lr, momentum=0.9),       # matrices only
 }
+
+
+def test_every_torch_optimizer_is_covered():
+    import inspect
+    found = {n for n, c in vars(torch.optim).items()
+             if inspect.isclass(c) and issubclass(c, torch.optim.Optimizer) and c is not torch.optim.Optimizer}
+    assert found <= set(OPTIMIZERS), f"add to OPTIMIZERS: {sorted(found - set(OPTIMIZERS))}"
 
 
 def same(a, b) -> bool:
@@ -184,9 +224,11 @@ def test_broadcast_optimizer_state_round_trips_options_and_state(name):
     """Rank 0 trains two steps with lr 0.1, the others are fresh with other learning rates; after
     the broadcast every rank's state_dict is rank 0's, bit for bit."""
     rank, size = world()
+    if not hasattr(torch.optim, name):
+        pytest.skip(f"torch {torch.__version__} has no torch.optim.{name}")
     torch.manual_seed(5)
     sparse = name == "SparseAdam"
-    model = torch.nn.Embedding(7, 3, sparse=True) if sparse else torch.nn.Linear(4, 3)
+    model = torch.nn.Embedding(7, 3, sparse=True) if sparse else torch.nn.Linear(4, 3, bias=name != "Muon")
     opt = OPTIMIZERS[name](list(model.parameters()), 0.1 if rank == 0 else 0.01 * (rank + 1))
 
     def closure():
