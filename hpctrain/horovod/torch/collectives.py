@@ -15,12 +15,16 @@ from hpctrain.horovod.torch import buffers as B
 
 
 class InFlight:
-    """A collective in flight: ``poll()`` without blocking, ``wait()`` for the result."""
+    """A collective in flight: ``poll()`` without blocking, ``wait()`` for the result.
 
-    __slots__ = ("reqs", "finish", "result", "done")
+    ``keep`` holds the buffers MPI reads until the requests complete: mpi4py does not keep a
+    non-blocking collective's buffers alive, so an async call on a temporary tensor would
+    otherwise send freed (reused) memory."""
 
-    def __init__(self, reqs: list, finish: Callable[[], object]):
-        self.reqs, self.finish, self.result, self.done = reqs, finish, None, False
+    __slots__ = ("reqs", "finish", "result", "done", "keep")
+
+    def __init__(self, reqs: list, finish: Callable[[], object], keep: tuple = ()):
+        self.reqs, self.finish, self.result, self.done, self.keep = reqs, finish, None, False, keep
 
     def poll(self) -> bool:
         if not self.done:
@@ -31,7 +35,7 @@ class InFlight:
         if self.finish is not None:
             MPI.Request.Waitall(self.reqs)
             self.done = True
-            self.result, self.finish = self.finish(), None
+            self.result, self.finish, self.keep = self.finish(), None, ()
         return self.result
 
 
@@ -50,7 +54,7 @@ def post_allreduce(comm: MPI.Comm, tensor: torch.Tensor, output: torch.Tensor, o
     def finish():
         output.detach().copy_(B.scale_(work, factor).view_as(output))   # detach: leaf params too
         return output
-    return InFlight([req], finish)
+    return InFlight([req], finish, keep=(src, work))
 
 
 def post_grouped_allreduce(comm, tensors, outputs, op, prescale=1.0, postscale=1.0) -> InFlight:
@@ -58,11 +62,12 @@ def post_grouped_allreduce(comm, tensors, outputs, op, prescale=1.0, postscale=1
     by_dtype: dict[torch.dtype, list[int]] = {}
     for i, t in enumerate(tensors):
         by_dtype.setdefault(t.dtype, []).append(i)
-    reqs, finishes = [], []
+    reqs, finishes, keep = [], [], []
     for idx in by_dtype.values():
         flat = torch.cat([B.host(tensors[i]).reshape(-1) for i in idx])
         fused = post_allreduce(comm, flat, flat, op, prescale, postscale)
         reqs += fused.reqs
+        keep += fused.keep
 
         def finish(fused=fused, flat=flat, idx=idx):
             fused.finish()
@@ -77,7 +82,7 @@ def post_grouped_allreduce(comm, tensors, outputs, op, prescale=1.0, postscale=1
         for f in finishes:
             f()
         return list(outputs)
-    return InFlight(reqs, finish_all)
+    return InFlight(reqs, finish_all, keep=tuple(keep))
 
 
 def post_allgather(comm: MPI.Comm, tensor: torch.Tensor, rows: list[int]) -> InFlight:
@@ -89,7 +94,7 @@ def post_allgather(comm: MPI.Comm, tensor: torch.Tensor, rows: list[int]) -> InF
     counts = [r * row_bytes for r in rows]
     req = comm.Iallgatherv(B.raw(src), [B.raw(out), (counts, B.displacements(counts)), MPI.BYTE])
     device = tensor.device
-    return InFlight([req], lambda: out.to(device) if device.type != "cpu" else out)
+    return InFlight([req], lambda: out.to(device) if device.type != "cpu" else out, keep=(src, out))
 
 
 def post_broadcast(comm: MPI.Comm, tensor: torch.Tensor, output: torch.Tensor, root: int) -> InFlight:
@@ -103,7 +108,7 @@ def post_broadcast(comm: MPI.Comm, tensor: torch.Tensor, output: torch.Tensor, r
         if buf.data_ptr() != output.data_ptr():
             output.detach().copy_(buf.view_as(output))
         return output
-    return InFlight([req], finish)
+    return InFlight([req], finish, keep=(buf,))
 
 
 def post_alltoall(comm: MPI.Comm, tensor: torch.Tensor, send_rows: list[int]) -> InFlight:
@@ -122,7 +127,7 @@ def post_alltoall(comm: MPI.Comm, tensor: torch.Tensor, send_rows: list[int]) ->
     def finish():
         return (out.to(device) if device.type != "cpu" else out,
                 torch.tensor(recv_rows, dtype=torch.int32))
-    return InFlight([req], finish)
+    return InFlight([req], finish, keep=(src, out))
 
 
 def post_reducescatter(comm: MPI.Comm, tensor: torch.Tensor, op: int,
@@ -142,7 +147,7 @@ def post_reducescatter(comm: MPI.Comm, tensor: torch.Tensor, op: int,
 
     def finish():
         return B.scale_(out, factor).to(device=device, dtype=dtype)
-    return InFlight([req], finish)
+    return InFlight([req], finish, keep=(work, out))
 
 
 def post_barrier(comm: MPI.Comm) -> InFlight:

@@ -117,6 +117,9 @@ class Coordinator:
         self.warn_s = _env_seconds("HOROVOD_STALL_CHECK_TIME_SECONDS", 60.0)
         self.abort_s = _env_seconds("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", 600.0)
         self.refuse_joined = refuse_joined
+        # The whole job ends: MPICH's Abort on any other communicator (even a Dup of the world)
+        # ends only the calling process, leaving a rank that never came running.
+        self._abort = MPI.COMM_WORLD.Abort
         self._join_order: list[int] = []     # rank 0: ranks in the order they joined
         self.n_agreed = 0
 
@@ -136,7 +139,7 @@ class Coordinator:
         sigs: list[Sig | None] = [mine] + [None] * (self.size - 1)
         t0, warned = time.monotonic(), False
         missing = self.size - 1
-        spins = 0
+        pause = _Backoff()
         while missing:
             status = MPI.Status()
             if self.comm.iprobe(MPI.ANY_SOURCE, TAG_SIG, status):
@@ -155,7 +158,7 @@ class Coordinator:
                 error = (f"hpctrain.horovod: {_ranks(late)} did not reach {mine.describe()} within "
                          f"{self.abort_s:.0f} s (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS); ending the job")
                 self._fail(error, speak=True)
-            spins = _pause(spins)
+            pause()
         for r, s in enumerate(sigs):
             if s.kind == "join" and r not in self._join_order:
                 self._join_order.append(r)
@@ -170,7 +173,7 @@ class Coordinator:
     # --- every other rank ---------------------------------------------------------------------
     def _ask(self, sig: Sig) -> Verdict:
         self.comm.send(sig, dest=0, tag=TAG_SIG)
-        t0, warned, spins = time.monotonic(), False, 0
+        t0, warned, pause = time.monotonic(), False, _Backoff()
         while not self.comm.iprobe(0, TAG_VERDICT):
             waited = time.monotonic() - t0
             if not warned and waited > self.warn_s + GRACE_S and self.rank == 1:
@@ -182,7 +185,7 @@ class Coordinator:
                 self._fail(f"hpctrain.horovod: rank 0 did not reach {sig.describe()} within "
                            f"{self.abort_s:.0f} s (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS); ending the job",
                            speak=self.rank == 1)
-            spins = _pause(spins)
+            pause()
         return self.comm.recv(source=0, tag=TAG_VERDICT)
 
     def _fail(self, line: str, speak: bool) -> None:
@@ -191,16 +194,29 @@ class Coordinator:
             sys.stderr.write(line + "\n")
             sys.stderr.flush()
         time.sleep(0.3 if speak else 2.0)     # the speaker's line first; its abort usually wins
-        self.comm.Abort(2)
+        self._abort(2)
 
     def close(self) -> None:
         if self.comm != MPI.COMM_NULL:
             self.comm.Free()
 
 
-def _pause(spins: int) -> int:
-    """Spin briefly (a collective's partners usually arrive within microseconds), then sleep
-    with a growing pause (oversubscribed cores: a spinning rank steals time from the others)."""
-    if spins > 50:
-        time.sleep(min(1e-3, 1e-5 * (spins - 50)))
-    return spins + 1
+class _Backoff:
+    """How a rank waits for the others: spin (a collective's partners usually arrive within
+    microseconds), then yield the core between probes, then sleep with a doubling pause (a rank
+    that waits long must not steal an oversubscribed core). Measured in docs/horovod.md."""
+
+    SPIN_S, YIELD_S, MAX_SLEEP_S = 2e-4, 5e-3, 1e-3
+
+    def __init__(self):
+        self.t0, self.sleep = time.perf_counter(), 5e-5
+
+    def __call__(self) -> None:
+        waited = time.perf_counter() - self.t0
+        if waited < self.SPIN_S:
+            return
+        if waited < self.YIELD_S:
+            os.sched_yield()
+            return
+        time.sleep(self.sleep)
+        self.sleep = min(self.MAX_SLEEP_S, 2 * self.sleep)

@@ -360,6 +360,7 @@ def join(device=-1) -> int:
 def _mirror(verdict) -> None:
     """A joined rank's part in the collective ``verdict.sig`` the active ranks run."""
     sig, comm = verdict.sig, _comm()
+    _follow_auto_name(sig)
     op = {v: k for k, v in B.OP_NAMES.items()}.get(sig.op, Sum)
     dtype = getattr(torch, sig.dtype.split(",")[0]) if sig.dtype else None
     if sig.kind == "allreduce":
@@ -378,6 +379,15 @@ def _mirror(verdict) -> None:
         C.post_barrier(comm).wait()
     elif sig.kind == "grad":
         state().optimizers[sig.name].mirror_round()
+
+
+def _follow_auto_name(sig) -> None:
+    """A joined rank does not make the unnamed calls the others make: advance its counter past
+    theirs, so automatic names (``allgather.noname.N``) still agree once every rank has joined."""
+    prefix = f"{sig.kind}.noname."
+    if sig.name.startswith(prefix) and sig.name[len(prefix):].isdigit():
+        counters = state().counters
+        counters[sig.kind] = max(counters.get(sig.kind, 0), int(sig.name[len(prefix):]) + 1)
 
 
 def refuse_joined(sig: Sig, joined: tuple) -> str | None:

@@ -29,19 +29,25 @@ def _channels_last(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(0, 1).reshape(x.shape[1], -1)
 
 
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """fp32 for half-precision inputs, else the input's own (fp64 stays fp64, as in torch)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 class _SyncBN(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, eps):
-        xc = _channels_last(x.float())
-        local = torch.cat([xc.sum(1), torch.tensor([float(xc.shape[1])], device=x.device)])
+        ct = _compute_dtype(x.dtype)
+        xc = _channels_last(x.to(ct))
+        local = torch.cat([xc.sum(1), torch.tensor([float(xc.shape[1])], dtype=ct, device=x.device)])
         total = _allreduce_sum(local)
         count = total[-1]
         mean = total[:-1] / count
         var = _allreduce_sum(((xc - mean[:, None]) ** 2).sum(1)) / count
         invstd = torch.rsqrt(var + eps)
         shape = [1, -1] + [1] * (x.dim() - 2)
-        xhat = (x.float() - mean.view(shape)) * invstd.view(shape)
-        y = xhat * weight.float().view(shape) + bias.float().view(shape) if weight is not None else xhat
+        xhat = (x.to(ct) - mean.view(shape)) * invstd.view(shape)
+        y = xhat * weight.to(ct).view(shape) + bias.to(ct).view(shape) if weight is not None else xhat
         ctx.save_for_backward(xhat, invstd, weight)
         ctx.count = count
         ctx.mark_non_differentiable(mean, var, count)
@@ -50,13 +56,14 @@ class _SyncBN(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy, _dmean, _dvar, _dcount):
         xhat, invstd, weight = ctx.saved_tensors
-        dyc, xhc = _channels_last(dy.float()), _channels_last(xhat)
+        ct = xhat.dtype
+        dyc, xhc = _channels_last(dy.to(ct)), _channels_last(xhat)
         sum_dy, sum_dy_xhat = dyc.sum(1), (dyc * xhc).sum(1)
         both = _allreduce_sum(torch.cat([sum_dy, sum_dy_xhat]))
         g_dy, g_dy_xhat = both[:sum_dy.numel()], both[sum_dy.numel():]
         shape = [1, -1] + [1] * (dy.dim() - 2)
-        w = weight.float() if weight is not None else torch.ones_like(invstd)
-        dx = (w * invstd).view(shape) * (dy.float() - (g_dy / ctx.count).view(shape)
+        w = weight.to(ct) if weight is not None else torch.ones_like(invstd)
+        dx = (w * invstd).view(shape) * (dy.to(ct) - (g_dy / ctx.count).view(shape)
                                          - xhat * (g_dy_xhat / ctx.count).view(shape))
         dw = sum_dy_xhat.to(weight.dtype) if weight is not None else None
         db = sum_dy.to(weight.dtype) if weight is not None else None
