@@ -20,7 +20,11 @@ from hpctrain.errors import UserError
 
 
 def install_abort_hook(comm: MPI.Comm) -> None:
-    """Abort the whole job on an uncaught exception in any rank (main or any thread)."""
+    """Abort the whole job on an uncaught exception in any rank (main or any thread).
+
+    ``comm`` names the rank in the message (it may be a duplicate, e.g. ``hvd.init(comm=...)``);
+    the abort always goes to ``MPI.COMM_WORLD``.
+    """
     rank, size = comm.Get_rank(), comm.Get_size()
 
     def hook(exc_type, exc, tb):
@@ -38,7 +42,7 @@ def install_abort_hook(comm: MPI.Comm) -> None:
         sys.stderr.flush()
         if size > 1:
             time.sleep(0.3)       # let the launcher forward the line first (MPICH's Hydra lost it 1 in 6)
-            comm.Abort(status)
+            MPI.COMM_WORLD.Abort(status)   # the world's: MPICH ends only the caller on a duplicate
         os._exit(status)
 
     sys.excepthook = hook
