@@ -72,6 +72,20 @@ def _port() -> int:
     return int(raw)
 
 
+def _resolves(host: str) -> None:
+    """Fail at once on an address nobody can connect to (torch would retry until its timeout)."""
+    try:
+        socket.getaddrinfo(host, None)
+    except OSError as exc:
+        raise RendezvousError(f"hpctrain.ddp: rendezvous address {host!r} (MASTER_ADDR or "
+                              f"HPCTRAIN_NODE_ADDR) does not resolve on rank 0 ({exc.strerror or exc})") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def open_store(comm: MPI.Comm, timeout: datetime.timedelta = STORE_TIMEOUT) -> dist.TCPStore:
     """Rank 0 serves a ``TCPStore`` on ``MASTER_PORT`` or a free port, the others connect to the
     address MPI broadcasts (collective). A failure on any rank raises :class:`RendezvousError`
@@ -80,22 +94,28 @@ def open_store(comm: MPI.Comm, timeout: datetime.timedelta = STORE_TIMEOUT) -> d
     names = comm.gather(socket.gethostname(), root=0)
     store, where = None, None
     if rank == 0:
+        host, port = advertised_host(names), None
         try:
-            host = advertised_host(names)
-            store = dist.TCPStore(host, _port(), size, True, timeout=timeout, wait_for_workers=False)
+            port = _port()
+            _resolves(host)
+            store = dist.TCPStore(host, port, size, True, timeout=timeout, wait_for_workers=False)
             where = (host, store.port)
+        except RendezvousError as exc:
+            where = str(exc)
         except Exception as exc:        # noqa: BLE001 - reported on every rank below
-            where = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            where = (f"hpctrain.ddp: rank 0 cannot open the rendezvous store at {host}:{port or 'a free port'} "
+                     f"({_first_line(exc)}); set MASTER_ADDR to an address of rank 0's node (and "
+                     "MASTER_PORT, if set, to a free port)")
     where = comm.bcast(where, root=0)
     if isinstance(where, str):
-        raise RendezvousError(f"hpctrain.ddp: rank 0 cannot open the rendezvous store: {where}")
+        raise RendezvousError(where)
     host, port = where
     error = None
     if rank != 0:
         try:
             store = dist.TCPStore(host, port, size, False, timeout=timeout)
         except Exception as exc:        # noqa: BLE001
-            error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            error = _first_line(exc)
     errors = comm.allgather(error)
     bad = [r for r, e in enumerate(errors) if e]
     if bad:
@@ -133,7 +153,6 @@ def init_process_group(backend: str | None = None, *, comm: MPI.Comm | None = No
         raise RuntimeError("hpctrain.ddp: torch.distributed is already initialised "
                            "(call hpctrain.ddp.init_process_group once, instead of torch's)")
     comm = MPI.COMM_WORLD if comm is None else comm
-    install_abort_hook(comm)
     backend = default_backend() if backend is None else backend
     topo = Topology.create(comm.Dup(), emulated_ranks_per_node())
     try:
@@ -151,6 +170,9 @@ def init_process_group(backend: str | None = None, *, comm: MPI.Comm | None = No
         _close_topology(topo)
         raise
     _topo = topo
+    # After torch's: it wraps the hook it finds in one that buffers its output, which ours
+    # (ending the process) would lose. An uncaught exception on any rank ends the whole job.
+    install_abort_hook(comm)
     given = [v for v in ("MASTER_ADDR", "MASTER_PORT") if os.environ.get(v, "").strip()]
     if ours and given and topo.rank == 0:
         sys.stderr.write(f"hpctrain.ddp: rendezvous on {' and '.join(given)} from the environment "
