@@ -127,8 +127,9 @@ def test_bad_master_port_is_one_line_on_every_rank(monkeypatch):
 
 
 @pytest.mark.parametrize("strategy", ["auto", "flat", "hierarchical"])
-@pytest.mark.parametrize("ddp_kwargs", [{}, {"gradient_as_bucket_view": True}, {"static_graph": True}],
-                         ids=["default", "bucket_view", "static_graph"])
+@pytest.mark.parametrize("ddp_kwargs", [{}, {"gradient_as_bucket_view": True}, {"static_graph": True},
+                                        {"find_unused_parameters": True}],
+                         ids=["default", "bucket_view", "static_graph", "find_unused"])
 def test_hook_equals_ddp_allreduce_and_one_process(pg, closer, strategy, ddp_kwargs):
     rank, n = pg.rank, pg.size
     batches = global_batches(n)
