@@ -90,20 +90,28 @@ class HookState:
             pg.track(self)
 
     def _check(self, params) -> None:
-        """Collective: same parameter layout on every rank; dtypes the codec and MPI can sum."""
+        """Collective: same parameter layout on every rank; dtypes the codec and MPI can sum.
+        Every rank raises the same one line, naming the ranks at fault."""
         comm = self.topo.comm
+        problem = None
         for p in params:
             if p.dtype in UNSUMMABLE:
-                raise HookStateError(f"hpctrain.ddp: a parameter of shape {tuple(p.shape)} is {p.dtype}: "
-                                     "the hook reduces float32/float64 gradients (keep fp32 parameters "
-                                     "under torch.autocast, or use DDP's default allreduce)")
-            try:
-                comm_lib.compression.get(self.compression).check_dtype(p.dtype)
-            except ValueError as exc:
-                raise HookStateError(f"hpctrain.ddp: {exc}") from None
+                problem = (f"a parameter of shape {tuple(p.shape)} is {p.dtype}: the hook reduces "
+                           "float32/float64 gradients (keep fp32 parameters under torch.autocast, or "
+                           "use DDP's default allreduce)")
+            else:
+                try:
+                    comm_lib.compression.get(self.compression).check_dtype(p.dtype)
+                except ValueError as exc:
+                    problem = str(exc)
+            if problem:
+                break
         layout = repr([(tuple(p.shape), str(p.dtype)) for p in params]).encode()
-        digests = comm.allgather(hashlib.sha1(layout).hexdigest())
-        differ = [r for r, d in enumerate(digests) if d != digests[0]]
+        seen = comm.allgather((problem, hashlib.sha1(layout).hexdigest()))
+        bad = [r for r, (pr, _) in enumerate(seen) if pr]
+        if bad:
+            raise HookStateError(f"hpctrain.ddp: rank(s) {', '.join(map(str, bad))}: {seen[bad[0]][0]}")
+        differ = [r for r, (_, d) in enumerate(seen) if d != seen[0][1]]
         if differ:
             raise HookStateError(f"hpctrain.ddp: rank(s) {', '.join(map(str, differ))} hold parameters "
                                  "of other shapes or dtypes than rank 0 (every rank must build the same model)")

@@ -126,15 +126,19 @@ def open_store(comm: MPI.Comm, timeout: datetime.timedelta = STORE_TIMEOUT) -> d
 
 
 def _export_ranks(topo: Topology) -> None:
-    """torchrun's variables, for scripts that read them; a conflicting value is one line."""
+    """torchrun's variables, for scripts that read them (collective). A ``RANK`` or
+    ``WORLD_SIZE`` already set to another value than MPI's is one line on every rank."""
     want = {"RANK": topo.rank, "WORLD_SIZE": topo.size, "LOCAL_RANK": topo.local_rank,
             "LOCAL_WORLD_SIZE": topo.local_size}
+    conflict = next((f"{var}={os.environ[var].strip()} in the environment but MPI says {want[var]}"
+                     for var in ("RANK", "WORLD_SIZE")
+                     if os.environ.get(var, "").strip() not in ("", str(want[var]))), None)
+    conflicts = topo.comm.allgather(conflict)
+    bad = [r for r, c in enumerate(conflicts) if c]
+    if bad:
+        raise RendezvousError(f"hpctrain.ddp: {conflicts[bad[0]]} on rank {bad[0]} (and {len(bad) - 1} "
+                              "more): launch with mpiexec or srun only, not torchrun as well")
     for var, value in want.items():
-        have = os.environ.get(var, "").strip()
-        if var in ("RANK", "WORLD_SIZE") and have and have != str(value):
-            raise RendezvousError(f"hpctrain.ddp: {var}={have} in the environment but MPI says "
-                                  f"{value} on rank {topo.rank} (launch with mpiexec or srun only, "
-                                  "not torchrun as well)")
         os.environ[var] = str(value)
 
 

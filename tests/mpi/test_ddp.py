@@ -18,7 +18,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import hpctrain.ddp
-from hpctrain.ddp.process_group import RendezvousError, open_store
+from hpctrain.ddp.process_group import RendezvousError, _export_ranks, open_store
 from hpctrain.topology import Topology
 
 pytestmark = pytest.mark.mpi(min_size=2)
@@ -191,6 +191,16 @@ def test_model_differing_between_ranks_is_one_line(pg):
         hpctrain.ddp.HookState(nn.Linear(4, width))
 
 
-def test_half_parameters_are_refused(pg):
-    with pytest.raises(hpctrain.ddp.HookStateError, match="float16"):
-        hpctrain.ddp.HookState(nn.Linear(4, 4).half())
+def test_half_parameters_on_one_rank_are_one_line_on_every_rank(pg):
+    model = nn.Linear(4, 4)
+    if pg.rank == 0:
+        model.half()
+    with pytest.raises(hpctrain.ddp.HookStateError, match=r"rank\(s\) 0: .*float16"):
+        hpctrain.ddp.HookState(model)
+
+
+def test_torchrun_rank_on_one_rank_is_one_line_on_every_rank(pg, monkeypatch):
+    if pg.rank == pg.size - 1:
+        monkeypatch.setenv("RANK", "99")
+    with pytest.raises(RendezvousError, match=f"RANK=99 .* MPI says {pg.size - 1} on rank {pg.size - 1}"):
+        _export_ranks(pg)
