@@ -136,8 +136,9 @@ def _export_ranks(topo: Topology) -> None:
     conflicts = topo.comm.allgather(conflict)
     bad = [r for r, c in enumerate(conflicts) if c]
     if bad:
-        raise RendezvousError(f"hpctrain.ddp: {conflicts[bad[0]]} on rank {bad[0]} (and {len(bad) - 1} "
-                              "more): launch with mpiexec or srun only, not torchrun as well")
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise RendezvousError(f"hpctrain.ddp: {conflicts[bad[0]]} on rank {bad[0]}{more}: launch with "
+                              "mpiexec or srun only, not torchrun as well")
     for var, value in want.items():
         os.environ[var] = str(value)
 
@@ -157,6 +158,7 @@ def init_process_group(backend: str | None = None, *, comm: MPI.Comm | None = No
         raise RuntimeError("hpctrain.ddp: torch.distributed is already initialised "
                            "(call hpctrain.ddp.init_process_group once, instead of torch's)")
     comm = MPI.COMM_WORLD if comm is None else comm
+    install_abort_hook(comm)        # a rank failing during the rendezvous ends the job, no hang
     backend = default_backend() if backend is None else backend
     topo = Topology.create(comm.Dup(), emulated_ranks_per_node())
     try:
@@ -174,7 +176,7 @@ def init_process_group(backend: str | None = None, *, comm: MPI.Comm | None = No
         _close_topology(topo)
         raise
     _topo = topo
-    # After torch's: it wraps the hook it finds in one that buffers its output, which ours
+    # Again after torch's: it wraps the hook it finds in one that buffers its output, which ours
     # (ending the process) would lose. An uncaught exception on any rank ends the whole job.
     install_abort_hook(comm)
     given = [v for v in ("MASTER_ADDR", "MASTER_PORT") if os.environ.get(v, "").strip()]
