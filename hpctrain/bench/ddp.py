@@ -6,7 +6,8 @@
 The same script twice: ``DistributedDataParallel(model)`` with its defaults, once as it comes
 (``ddp``: gloo's allreduce, the baseline) and once with ``hpctrain.ddp.register(ddp_model)``
 (``hook``: ``auto`` strategy, shared-memory ``hierarchical`` where a node holds several ranks;
-``hook+fp16``, ``hook:flat``, ``hook:flat+fp16``: other strategies and the fp16 wire). The
+``hook+fp16``, ``hook:flat``, ``hook:flat+fp16``: other strategies and the fp16 wire); ``nocomm``
+(no sync) and ``trainer`` (``DistributedTrainer``'s defaults, the loop rewritten) for reference. The
 process group comes from ``hpctrain.ddp.init_process_group()``. Models, data, warm-up, the
 interleaved rounds and the paired ratios are those of ``bench step`` (:mod:`hpctrain.bench.step`):
 whole SGD-momentum steps on synthetic data, every contender on its own replica, the order
@@ -26,6 +27,7 @@ from torch import nn
 
 import hpctrain.ddp
 from hpctrain.bench.report import run_mpi_bench
+from hpctrain.bench import step as bench_step
 from hpctrain.bench.step import INPUTS, Contender, make_model, paired_ratios, plain_step, sgd, time_steps
 from hpctrain.topology import Topology
 
@@ -34,8 +36,9 @@ DEFAULT_CONFIGS = "nocomm,ddp,hook,hook+fp16"
 
 
 def parse_config(name: str) -> dict | None:
-    """``ddp``/``nocomm`` -> None (no hook); ``hook[:STRATEGY][+fp16]`` -> HookState options."""
-    if name in ("ddp", "nocomm"):
+    """``ddp``/``nocomm``/``trainer`` -> None (no hook); ``hook[:STRATEGY][+fp16]`` -> HookState
+    options."""
+    if name in ("ddp", "nocomm", "trainer"):
         return None
     head, *flags = name.split("+")
     kind, _, strategy = head.partition(":")
@@ -49,6 +52,11 @@ def build(name: str, base: nn.Module, topo: Topology) -> Contender:
     if name == "nocomm":
         return Contender(name, model, plain_step(model, sgd(model), nn.CrossEntropyLoss()),
                          describe=lambda: "no gradient sync")
+    if name == "trainer":       # the same model on DistributedTrainer's defaults (bench step's)
+        c = bench_step.build("default", base, topo, None)
+        c.name, describe = name, c.describe
+        c.describe = lambda: describe
+        return c
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     options = parse_config(name)
     state = None
@@ -104,7 +112,9 @@ def format_table(rows) -> str:
     lines = [head, "-" * len(head)]
     for r in rows:
         ratio = f"{r['x_ddp']:6.2f}" if r["x_ddp"] is not None else f"{'-':>6}"
-        how = r["describe"].split("; ")[0].split(", ", 1)[-1]
+        how = r["describe"].split("; ")[0].split(", ", 1)[-1]      # the first bucket's
+        if r["config"] == "trainer":
+            how = "DistributedTrainer: " + r["describe"].split(", overlap")[0]
         lines.append(f"{r['model']:<11} {r['n_params'] / 1e6:6.2f}M {r['config']:<16} {r['step_ms']:8.1f} "
                      f"{r['steps_per_s']:8.2f} {ratio}  {how}")
     return "\n".join(lines)
@@ -116,7 +126,8 @@ def parse_args(argv):
                    help=f"comma-separated, from {', '.join(INPUTS)} (default {DEFAULT_MODELS})")
     p.add_argument("--configs", default=DEFAULT_CONFIGS, type=lambda s: [c for c in s.split(",") if c],
                    help="comma-separated: nocomm (no DDP, no sync: the compute floor), ddp, "
-                        "hook[:STRATEGY][+fp16] (default %(default)s)")
+                        "hook[:STRATEGY][+fp16], trainer (hpctrain.DistributedTrainer's defaults, "
+                        "no DDP) (default %(default)s)")
     p.add_argument("--batch", type=int, default=32, help="samples per rank and step")
     p.add_argument("--steps", type=int, default=8, help="timed steps per contender and round")
     p.add_argument("--rounds", type=int, default=5, help="rounds (median over rounds)")

@@ -13,7 +13,7 @@ from hpctrain.bench import ddp
 def test_bench_ddp_writes_a_row_per_contender(tmp_path):
     comm = MPI.COMM_WORLD
     path = comm.bcast(str(tmp_path / "rows.json"), root=0)
-    configs = "nocomm,ddp,hook,hook:flat+fp16"
+    configs = "nocomm,ddp,hook,hook:flat+fp16,trainer"
     assert ddp.main(["--models", "digits_cnn", "--configs", configs, "--batch", "4", "--steps", "1",
                      "--rounds", "2", "--warmup", "2", "--json", path]) == 0
     assert not dist.is_initialized()            # the benchmark destroyed its process group
@@ -27,6 +27,7 @@ def test_bench_ddp_writes_a_row_per_contender(tmp_path):
     assert rows[1]["x_ddp"] == 1.0 and rows[1]["describe"] == "gloo allreduce"
     assert rows[2]["describe"].startswith("bucket 0: ")
     assert "flat, compression=fp16" in rows[3]["describe"]
+    assert rows[4]["describe"].startswith(("hierarchical", "flat"))
 
 
 @pytest.mark.mpi
