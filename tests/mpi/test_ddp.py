@@ -204,3 +204,19 @@ def test_torchrun_rank_on_one_rank_is_one_line_on_every_rank(pg, monkeypatch):
         monkeypatch.setenv("RANK", "99")
     with pytest.raises(RendezvousError, match=f"RANK=99 .* MPI says {pg.size - 1} on rank {pg.size - 1}"):
         _export_ranks(pg)
+
+
+@pytest.mark.parametrize("compression", ["none", "fp16"])
+def test_staged_buckets_as_on_a_gpu(pg, closer, monkeypatch, compression):
+    """HPCTRAIN_TEST_STAGING routes the hook's CPU buckets through the device path (device
+    buffers staged to host memory around each reduction), the path CUDA buckets take."""
+    monkeypatch.setenv("HPCTRAIN_TEST_STAGING", "1")
+    rank, n = pg.rank, pg.size
+    batches = global_batches(n)
+    start = make_model()
+    ours, state = train_ddp(copy.deepcopy(start), batches, rank, closer,
+                            hook={"strategy": "flat", "compression": compression})
+    single = train_one_process(copy.deepcopy(start), batches)
+    assert all(s.buckets[0].staging is not None for s in state._syncs.values())
+    scale, diff = max_change(single, start), max_diff(ours, single)
+    assert diff <= (1e-5 * scale + 1e-7 if compression == "none" else STEPS * (n + 1) * 2.0**-11 * scale)
