@@ -31,16 +31,18 @@ MPICH_PY   := $(MPICH_VENV)/bin/python
 MPICH_EXEC ?= mpiexec.mpich
 MPICH_MPI_TESTS := tests/mpi/test_collectives.py $(wildcard tests/mpi/test_comm_*.py) \
 	tests/mpi/test_equivalence.py tests/mpi/test_trainer_buffers.py tests/mpi/test_ops_faults.py \
-	$(wildcard tests/mpi/test_data_*.py) $(wildcard tests/mpi/test_horovod_*.py)
+	$(wildcard tests/mpi/test_data_*.py) $(wildcard tests/mpi/test_horovod_*.py) tests/mpi/test_ddp.py
 # -n 4 on 2 emulated nodes: test_comm_strategies.py is the regression test of a deadlock MPICH
 # showed when a bucket's allreduce blocked while a peer waited on another bucket's node barrier;
 # test_comm_overlap.py checks that MPICH's blocking Allreduce (flat's SSGD rounds) and its
 # Iallreduce (overlapped rounds) give the same bytes.
 MPICH_MPI_TESTS_4 := tests/mpi/test_collectives.py tests/mpi/test_comm_strategies.py tests/mpi/test_equivalence.py \
 	tests/mpi/test_comm_overlap.py tests/mpi/test_comm_tuner.py \
-	tests/mpi/test_ops_faults.py tests/mpi/test_data_integrity.py $(wildcard tests/mpi/test_horovod_*.py)
+	tests/mpi/test_ops_faults.py tests/mpi/test_data_integrity.py $(wildcard tests/mpi/test_horovod_*.py) \
+	tests/mpi/test_ddp.py
 MPICH_JOB_TESTS := tests/integration/test_mpich.py tests/integration/test_failures.py \
-	tests/integration/test_default_job.py tests/integration/test_horovod_mismatch.py
+	tests/integration/test_default_job.py tests/integration/test_horovod_mismatch.py \
+	tests/integration/test_ddp_example.py
 # The mid-run fault's message check: see test_mpich.py test_exception_mid_run_ends_the_job_promptly.
 MPICH_JOB_SKIP := not test_training_fault_mid_run_names_rank \
 	and not test_default_job_reaches_target[1] and not test_default_job_reaches_target[4]

@@ -8,9 +8,16 @@ share of the inter-node traffic.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from mpi4py import MPI
+
+
+def emulated_ranks_per_node() -> int:
+    """``HPCTRAIN_RANKS_PER_NODE`` (0 where unset): emulated nodes for tests and studies on one
+    host, for entry points that take no config (``hpctrain.horovod``, ``hpctrain.ddp``)."""
+    return int(os.environ.get("HPCTRAIN_RANKS_PER_NODE", "0") or 0)
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,6 @@ there), where bytes is the fp32 payload, also for fp16 (its effective bandwidth)
 from __future__ import annotations
 
 import argparse
-import os
-import socket
 import time
 
 import numpy as np
@@ -141,17 +139,12 @@ def case_strategy(name, codec, topo, src):
 
 
 def init_gloo(comm):
+    """torch.distributed over gloo on ``comm``'s ranks, rendezvous by MPI (hpctrain.ddp's store:
+    rank 0's node address, ``HPCTRAIN_NODE_ADDR`` on the emulated cluster, a free port)."""
     import torch.distributed as dist
-    endpoint = None
-    if comm.Get_rank() == 0:
-        # on the emulated cluster rank 0's node address; on one host, loopback
-        addr = os.environ.get("HPCTRAIN_NODE_ADDR", "127.0.0.1")
-        with socket.socket() as s:
-            s.bind((addr, 0))
-            endpoint = (addr, s.getsockname()[1])
-    addr, port = comm.bcast(endpoint, root=0)
-    dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}",
-                            rank=comm.Get_rank(), world_size=comm.Get_size())
+
+    from hpctrain.ddp.process_group import open_store
+    dist.init_process_group("gloo", store=open_store(comm), rank=comm.Get_rank(), world_size=comm.Get_size())
     return dist
 
 

@@ -19,7 +19,7 @@ from mpi4py import MPI
 from hpctrain.horovod.torch.coordinator import Coordinator, Sig
 from hpctrain.horovod.torch.errors import unsupported
 from hpctrain.ops.abort import install_abort_hook
-from hpctrain.topology import Topology
+from hpctrain.topology import Topology, emulated_ranks_per_node
 
 # Horovod's variables that change what a job does and that hpctrain does not do: refused.
 REFUSED_ENV = {
@@ -79,8 +79,7 @@ def init(comm=None, process_sets=None) -> None:
     base = MPI.COMM_WORLD if comm is None else comm
     install_abort_hook(base)
     own = base.Dup()
-    rpn = int(os.environ.get("HPCTRAIN_RANKS_PER_NODE", "0") or 0)   # emulated nodes (tests)
-    topo = Topology.create(own, rpn)
+    topo = Topology.create(own, emulated_ranks_per_node())
     from hpctrain.horovod.torch.mpi_ops import refuse_joined
     _state = State(comm=own, topo=topo, coord=Coordinator(own, refuse_joined))
     noted = [f"{k} ({v})" for k, v in NOTED_ENV.items() if os.environ.get(k)]
