@@ -26,6 +26,7 @@ from hpctrain.ops.agree import agree, check_consistency, software_versions
 from hpctrain.ops.checkpoint import Checkpointer
 from hpctrain.ops.inject import maybe_inject
 from hpctrain.ops.metrics import MetricsLog, StepTimer, gpu_time
+from hpctrain.ops.runlock import hold_run_dirs, run_identity
 from hpctrain.ops.signals import StopSignal, Stopped
 from hpctrain.ops.timeline import Timeline, merge_and_write
 from hpctrain.ops.watchdog import Watchdog
@@ -263,14 +264,17 @@ def run(cfg: Config, comm: MPI.Comm) -> dict:
     """
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
+        # the run directory (and a checkpoint directory of its own) is this job's alone, from here
+        stack.enter_context(hold_run_dirs(comm, [cfg.run.run_dir] + ([cfg.ckpt.dir] if cfg.ckpt.dir else [])))
         job = setup(cfg, comm, stack)
-        ckpt = Checkpointer.from_config(cfg, job.topo.comm, job.loader, job.timer)
+        run_id = run_identity(job.topo.comm, cfg.run.run_dir, fresh=not cfg.ckpt.resume)
+        ckpt = Checkpointer.from_config(cfg, job.topo.comm, job.loader, job.timer, run_id=run_id)
         resumed = ckpt.resume(job.trainer, cfg.ckpt.resume)      # None, or where to continue
         log = stack.enter_context(contextlib.closing(
             MetricsLog(cfg.run.run_dir, enabled=job.topo.rank == 0, append=resumed is not None)))
         if job.topo.rank == 0:
             print(startup_line(job), flush=True)
-        log.log("config", config=cfg.to_dict(), world_size=job.topo.size, topology=job.topo.describe(),
+        log.log("config", config=cfg.to_dict(), run_id=run_id, world_size=job.topo.size, topology=job.topo.describe(),
                 data=job.loader.describe(), test_data=job.test_set.describe(), steps_per_epoch=job.loader.steps,
                 resumed_from=ckpt.last_path if resumed else None, start_step=job.trainer.step_count)
         stop = StopSignal(job.topo.comm)                      # SIGTERM/SIGUSR1 → checkpoint and stop
