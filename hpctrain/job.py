@@ -26,6 +26,7 @@ from hpctrain.ops.agree import agree, check_consistency, software_versions
 from hpctrain.ops.checkpoint import Checkpointer
 from hpctrain.ops.inject import maybe_inject
 from hpctrain.ops.metrics import MetricsLog, StepTimer, gpu_time
+from hpctrain.ops import runstate
 from hpctrain.ops.runlock import hold_run_dirs, run_identity
 from hpctrain.ops.signals import StopSignal, Stopped
 from hpctrain.ops.timeline import Timeline, merge_and_write
@@ -273,6 +274,10 @@ def run(cfg: Config, comm: MPI.Comm) -> dict:
     with contextlib.ExitStack() as stack:
         # the run directory (and a checkpoint directory of its own) is this job's alone, from here
         stack.enter_context(hold_run_dirs(comm, [cfg.run.run_dir] + ([cfg.ckpt.dir] if cfg.ckpt.dir else [])))
+        rank0 = comm.Get_rank() == 0
+        if rank0:                                  # how it ends: `hpctrain status RUN_DIR`
+            runstate.record(cfg.run.run_dir, "running")
+        stack.push(runstate.record_exit(cfg.run.run_dir, rank0))
         watchdog = None
         if cfg.run.watchdog_s > 0 or cfg.run.watchdog_abort_s > 0:
             watchdog = Watchdog(comm, cfg.run.watchdog_s, abort_s=cfg.run.watchdog_abort_s)
@@ -284,22 +289,37 @@ def run(cfg: Config, comm: MPI.Comm) -> dict:
         log = stack.enter_context(contextlib.closing(
             MetricsLog(cfg.run.run_dir, enabled=job.topo.rank == 0, append=resumed is not None)))
         if watchdog is not None:                                  # the run's last record says why it ended
-            watchdog.on_abort = lambda text: log.log("stalled", message=text, step=job.trainer.step_count)
+            watchdog.on_abort = lambda text: on_stall(cfg.run.run_dir, comm.Get_rank(), log, text,
+                                                      job.trainer.step_count)
         if job.topo.rank == 0:
             print(startup_line(job), flush=True)
         log.log("config", config=cfg.to_dict(), run_id=run_id, world_size=job.topo.size, topology=job.topo.describe(),
                 data=job.loader.describe(), test_data=job.test_set.describe(), steps_per_epoch=job.loader.steps,
                 resumed_from=ckpt.last_path if resumed else None, start_step=job.trainer.step_count)
-        stop = StopSignal(job.topo.comm)                      # SIGTERM/SIGUSR1 → checkpoint and stop
+        stop = StopSignal(job.topo.comm)               # SIGTERM/SIGUSR1/SIGINT → checkpoint and stop
         stack.push(on_agreed_exit(stop.close))
         progress = train(job, ckpt, stop, resumed, log, stack, watchdog)
         if stop.agreed:
             log.log("stopped", signal=stop.name, step=job.trainer.step_count, checkpoint=ckpt.last_path,
                     train_s=progress.train_s)
+            if rank0:
+                runstate.record(cfg.run.run_dir, "stopped", signal=stop.name, step=job.trainer.step_count,
+                                checkpoint=ckpt.last_path)
             raise Stopped(f"stopped by {stop.name} at step {job.trainer.step_count} after writing "
                           f"{ckpt.last_path}; continue with --set ckpt.resume=auto")
         with busy(watchdog, "evaluation"):
-            return summarise(job, log, progress, t0)
+            summary = summarise(job, log, progress, t0)
+        if rank0:
+            runstate.record(cfg.run.run_dir, "done", steps=summary["steps"], test_accuracy=summary["test_accuracy"])
+        return summary
+
+
+def on_stall(run_dir: str, rank: int, log: MetricsLog, text: str, step: int) -> None:
+    """The watchdog is ending the job: rank 0 (rank 1 when rank 0 is the stalled one and rank 1's
+    own watch ends the job) records it as the run's state; rank 0 also in metrics.jsonl."""
+    if rank in (0, 1):
+        runstate.record(run_dir, "stalled", message=text, step=step)
+    log.log("stalled", message=text, step=step)
 
 
 def busy(watchdog: Watchdog | None, name: str):

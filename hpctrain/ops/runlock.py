@@ -20,11 +20,13 @@ import os
 import socket
 import sys
 import uuid
-
-from mpi4py import MPI
+from typing import TYPE_CHECKING
 
 from hpctrain.errors import UserError
 from hpctrain.fileio import atomic_write_text
+
+if TYPE_CHECKING:                      # no MPI_Init for `hpctrain status`, which reads the lock
+    from mpi4py import MPI
 
 LOCK_NAME = ".lock"
 RUN_ID_NAME = "run_id"

@@ -4,6 +4,8 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 
 from tests.integration.mpirun import mpirun, rank_pids, start_training
 
@@ -39,6 +41,7 @@ def test_second_job_on_a_run_dir_stops_naming_the_holder(tmp_path):
 def test_resume_auto_refuses_another_runs_checkpoint(tmp_path):
     r, _ = mpirun(1, [*ARGS, "--run-dir", str(tmp_path), "--max-steps", "3"], timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert status(tmp_path)[0] == 0
     old = tmp_path / "checkpoints" / "ckpt-000000003.pt"
     # a new run in the same directory fails before its first checkpoint, then is resumed
     r, _ = mpirun(1, [*ARGS, "--run-dir", str(tmp_path), "--max-steps", "3", "--seed", "5"], timeout=120,
@@ -52,3 +55,10 @@ def test_resume_auto_refuses_another_runs_checkpoint(tmp_path):
     run_id = (tmp_path / "run_id").read_text().strip()
     assert lines[0].startswith(f"hpctrain: error: checkpoint {old} belongs to run ") and \
         f"not to this run ({run_id}) and this run has none" in lines[0], lines
+    assert status(tmp_path) == (2, lines[0].replace("hpctrain: error: ", "hpctrain: failed: ", 1)
+                                + f" ({json.loads((tmp_path / 'state.json').read_text())['time']})")
+
+
+def status(run_dir):
+    r = subprocess.run([sys.executable, "-m", "hpctrain", "status", str(run_dir)], capture_output=True, text=True)
+    return r.returncode, r.stdout.strip()
