@@ -282,6 +282,10 @@ def run(cfg: Config, comm: MPI.Comm) -> dict:
         if cfg.run.watchdog_s > 0 or cfg.run.watchdog_abort_s > 0:
             watchdog = Watchdog(comm, cfg.run.watchdog_s, abort_s=cfg.run.watchdog_abort_s)
             stack.push(on_agreed_exit(watchdog.close))
+        # SIGTERM/SIGUSR1/SIGINT → checkpoint and stop; from here, so a signal during set-up is
+        # not lost (nor fatal): it is acted on at the first step
+        stop = StopSignal(comm)
+        stack.push(on_agreed_exit(stop.close))
         job = setup(cfg, comm, stack, watchdog)
         run_id = run_identity(job.topo.comm, cfg.run.run_dir, fresh=not cfg.ckpt.resume)
         ckpt = Checkpointer.from_config(cfg, job.topo.comm, job.loader, job.timer, run_id=run_id)
@@ -296,8 +300,6 @@ def run(cfg: Config, comm: MPI.Comm) -> dict:
         log.log("config", config=cfg.to_dict(), run_id=run_id, world_size=job.topo.size, topology=job.topo.describe(),
                 data=job.loader.describe(), test_data=job.test_set.describe(), steps_per_epoch=job.loader.steps,
                 resumed_from=ckpt.last_path if resumed else None, start_step=job.trainer.step_count)
-        stop = StopSignal(job.topo.comm)               # SIGTERM/SIGUSR1/SIGINT → checkpoint and stop
-        stack.push(on_agreed_exit(stop.close))
         progress = train(job, ckpt, stop, resumed, log, stack, watchdog)
         if stop.agreed:
             log.log("stopped", signal=stop.name, step=job.trainer.step_count, checkpoint=ckpt.last_path,

@@ -11,10 +11,11 @@ which reads as failed. Light: no MPI, no torch, so it runs on a batch node in a 
 """
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
-import sys
+import time
 
 from hpctrain.fileio import atomic_write_text
 from hpctrain.ops.runlock import RunLock
@@ -31,7 +32,8 @@ def now() -> str:
 def record(run_dir: str, state: str, **fields) -> None:
     """Write the run's state (atomically; call on rank 0, holding the run directory's lock)."""
     atomic_write_text(os.path.join(run_dir, STATE_NAME),
-                      json.dumps({"state": state, "time": now(), "pid": os.getpid(), **fields}) + "\n")
+                      json.dumps({"state": state, "time": now(), "unix_time": time.time(), "pid": os.getpid(),
+                                  **fields}) + "\n")
 
 
 def read(run_dir: str) -> dict | None:
@@ -42,12 +44,16 @@ def read(run_dir: str) -> dict | None:
         return None
 
 
-def describe(run_dir: str) -> tuple[str, int]:
-    """(one line, exit status) for the run in ``run_dir``."""
+def describe(run_dir: str, since: float | None = None) -> tuple[str, int]:
+    """(one line, exit status) for the run in ``run_dir``; with ``since`` (a Unix time), a state
+    recorded before it is an earlier job's: this one then ended before it could record anything."""
     holder = RunLock(run_dir).holder()
     if holder is not None:
         return f"running: {holder}", 1
     st = read(run_dir)
+    if st is not None and since is not None and st.get("unix_time", 0) < since:
+        return (f"failed: no job recorded a state in {run_dir} since {datetime.datetime.fromtimestamp(since, datetime.timezone.utc):%Y-%m-%d %H:%M:%S UTC} "
+                f"(the job ended before taking the run directory; see its output)"), 2
     if st is None:
         if os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
             return f"failed: {run_dir} has no {STATE_NAME} (written by an hpctrain older than this one)", 2
@@ -65,12 +71,17 @@ def describe(run_dir: str) -> tuple[str, int]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1 or argv[0].startswith("-"):
-        print("usage: python -m hpctrain status RUN_DIR\n"
-              "prints how the run ended and exits 0 done, 3 stopped (checkpoint written), 2 failed, "
-              "4 stalled (ended by the watchdog), 1 still running", file=sys.stderr)
-        return 2 if argv not in (["-h"], ["--help"]) else 0
-    line, status = describe(argv[0])
+    ap = argparse.ArgumentParser(prog="python -m hpctrain status",
+                                 description="Print how the run in RUN_DIR ended; exit 0 done, 3 stopped (checkpoint "
+                                             "written), 2 failed, 4 stalled (ended by the watchdog), 1 still running.")
+    ap.add_argument("run_dir", metavar="RUN_DIR")
+    ap.add_argument("--since", type=float, metavar="UNIX_TIME",
+                    help="the job started then: an older record is an earlier job's (the batch scripts pass it)")
+    try:
+        args = ap.parse_args(argv)
+    except SystemExit as exc:
+        return 2 if exc.code else 0
+    line, status = describe(args.run_dir, args.since)
     print(f"hpctrain: {line}")
     return status
 

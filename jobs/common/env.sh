@@ -149,6 +149,8 @@ hpctrain_launch() {
   fi
   mkdir -p "$RUN_DIR"
   echo "hpctrain job: $(hpctrain_show "$@")" >&2
+  local started
+  started=$(date +%s)
   "$@" &
   local pid=$!
   trap 'kill -s '"$stop"' '"$pid"' 2>/dev/null' TERM USR1
@@ -161,10 +163,11 @@ hpctrain_launch() {
   # A launcher's status is not always the run's: Open MPI's mpirun exits 1 when it was itself
   # signalled, MPICH's Hydra sometimes 0 after forwarding a signal (about 1 run in 8 here), though
   # every rank stopped with 3. When the launcher says 0 or 1, the run's recorded state decides
-  # (hpctrain status: 3 stopped, 4 stalled); any other status is the launcher's own word.
+  # (hpctrain status: 3 stopped, 4 stalled; a state recorded before this launch is not this job's);
+  # any other status is the launcher's own word.
   if [ -z "$SCRIPT" ] && { [ "$rc" = 0 ] || [ "$rc" = 1 ]; }; then
     local state=0
-    "$PY" -m hpctrain status "$RUN_DIR" >&2 || state=$?
+    "$PY" -m hpctrain status --since "$started" "$RUN_DIR" >&2 || state=$?
     case $state in 3|4) rc=$state ;; esac
   fi
   HPCTRAIN_RC=$rc

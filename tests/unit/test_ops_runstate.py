@@ -45,3 +45,13 @@ def test_running_while_locked_then_failed_when_killed_without_a_record(tmp_path)
 def test_no_run_and_usage(tmp_path):
     assert status(tmp_path / "nothing") == (2, f"hpctrain: failed: no hpctrain run in {tmp_path / 'nothing'}")
     assert runstate.main([]) == 2 and runstate.main(["--help"]) == 0
+
+
+def test_a_state_older_than_the_job_is_not_its_own(tmp_path):
+    """A job that died before taking the run directory (an MPI start-up failure) must not inherit
+    the previous job's "stopped": the batch scripts pass their launch time."""
+    runstate.record(str(tmp_path), "stopped", signal="SIGTERM", step=5, checkpoint="c")
+    t = json.loads((tmp_path / "state.json").read_text())["unix_time"]
+    assert runstate.main(["--since", str(t - 10), str(tmp_path)]) == 3
+    line, code = runstate.describe(str(tmp_path), since=t + 10)
+    assert code == 2 and line.startswith(f"failed: no job recorded a state in {tmp_path} since "), line
