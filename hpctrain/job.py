@@ -22,11 +22,11 @@ from hpctrain.data import (ShardLoader, ShardSet, eval_batches, eval_prep, open_
 from hpctrain.data.builtin import resolve_dataset
 from hpctrain.errors import ConfigError, UserError
 from hpctrain.models import BUILTIN, ModelError, build_model, shape_hint
+from hpctrain.ops import runstate
 from hpctrain.ops.agree import agree, check_consistency, software_versions
 from hpctrain.ops.checkpoint import Checkpointer
 from hpctrain.ops.inject import maybe_inject
 from hpctrain.ops.metrics import MetricsLog, StepTimer, gpu_time
-from hpctrain.ops import runstate
 from hpctrain.ops.runlock import hold_run_dirs, run_identity
 from hpctrain.ops.signals import StopSignal, Stopped
 from hpctrain.ops.timeline import Timeline, merge_and_write
