@@ -42,7 +42,8 @@ MPICH_MPI_TESTS_4 := tests/mpi/test_collectives.py tests/mpi/test_comm_strategie
 	tests/mpi/test_ddp.py
 MPICH_JOB_TESTS := tests/integration/test_mpich.py tests/integration/test_failures.py \
 	tests/integration/test_default_job.py tests/integration/test_horovod_mismatch.py \
-	tests/integration/test_ddp_example.py
+	tests/integration/test_ddp_example.py tests/integration/test_ops_watchdog.py tests/integration/test_ops_rundir.py \
+	tests/integration/test_ops_status.py
 # The mid-run fault's message check: see test_mpich.py test_exception_mid_run_ends_the_job_promptly.
 MPICH_JOB_SKIP := not test_training_fault_mid_run_names_rank \
 	and not test_default_job_reaches_target[1] and not test_default_job_reaches_target[4]

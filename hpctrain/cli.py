@@ -16,6 +16,7 @@ SUBCOMMANDS = {
     "simulate": "hpctrain.sim.cli:main",
     "study": "hpctrain.bench.study:main",
     "report": "hpctrain.ops.report:main",
+    "status": "hpctrain.ops.runstate:main",
     "cluster": "hpctrain.cluster:main",
 }
 

@@ -198,8 +198,10 @@ class RunConfig:
     run_dir: str = opt("runs/latest", "directory for metrics.jsonl, timeline and checkpoints")
     progress: bool = opt(True, "tqdm progress bar on rank 0")
     timeline: bool = opt(False, "write a Chrome-trace timeline of every rank's phases")
-    watchdog_s: float = opt(0.0, "report ranks that have not reached a collective after N s (0: off)",
+    watchdog_s: float = opt(300.0, "report ranks that have not reached a collective after N s (0: off)",
                             range=Range(0, 86400))
+    watchdog_abort_s: float = opt(900.0, "end the job (status 4) after N s without progress, 3x that in "
+                                  "start-up, checkpoint writes and evaluation (0: never)", range=Range(0, 7 * 86400))
 
 
 @dataclass

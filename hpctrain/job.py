@@ -23,10 +23,12 @@ from hpctrain.data import (ShardLoader, ShardSet, eval_batches, eval_prep, open_
 from hpctrain.data.builtin import resolve_dataset
 from hpctrain.errors import ConfigError, UserError
 from hpctrain.models import BUILTIN, ModelError, build_model, shape_hint
+from hpctrain.ops import runstate
 from hpctrain.ops.agree import agree, check_consistency, software_versions
 from hpctrain.ops.checkpoint import Checkpointer
 from hpctrain.ops.inject import maybe_inject
 from hpctrain.ops.metrics import MetricsLog, StepTimer, clock_for, gpu_time
+from hpctrain.ops.runlock import hold_run_dirs, run_identity
 from hpctrain.ops.signals import StopSignal, Stopped
 from hpctrain.ops.timeline import Timeline, merge_and_write
 from hpctrain.ops.watchdog import Watchdog
@@ -66,24 +68,31 @@ def on_agreed_exit(close):
     return exit_
 
 
-def setup(cfg: Config, comm: MPI.Comm, stack: contextlib.ExitStack) -> Job:
+def setup(cfg: Config, comm: MPI.Comm, stack: contextlib.ExitStack, done=None) -> Job:
     """Build every part of a run. Collective.
 
     Each local set-up phase is followed by :func:`agree`, so a user error on any rank stops
     every rank with one line before the next collective; the collective parts come after.
     Every part is registered on ``stack`` as soon as it exists, so it is released on every exit.
+    ``done(name, 0, 0)`` after each phase (the watchdog's sink: a rank stuck in set-up is named).
     """
+    done = done or (lambda name, start_s, duration_s: None)
     torch.set_num_threads(cfg.train.threads)
     topo = Topology.create(comm, cfg.comm.ranks_per_node)
     stack.push(on_agreed_exit(topo.close))
+    done("topology", 0.0, 0.0)
     device = _agreed(comm, bind_device, topo, cfg.train.device)
     gpu_settings.apply(cfg.train)
     raw = raw_batches(device)
     index = _agreed(comm, _data_index, cfg, topo)
+    done("data index", 0.0, 0.0)
     loader, test_set = _agreed(comm, _open_data, cfg, topo, index, stack, raw)
+    done("open data", 0.0, 0.0)
     model, optimizer, schedule = _agreed(comm, _model_and_optimizer, cfg, index, loader, device)
+    done("build model", 0.0, 0.0)
     # collective, same verdict on every rank: names an odd rank out
     _agreed(comm, check_consistency, topo.comm, model, cfg.to_dict(), software_versions())
+    done("start-up check", 0.0, 0.0)
     timer = StepTimer(clock=clock_for(device))     # CUDA events on a GPU (what the device spends)
     trainer = DistributedTrainer.from_config(model, optimizer, topo, cfg, schedule=schedule, timer=timer)
     stack.push(on_agreed_exit(trainer.close))
@@ -266,35 +275,68 @@ def run(cfg: Config, comm: MPI.Comm) -> dict:
     """
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
-        job = setup(cfg, comm, stack)
-        ckpt = Checkpointer.from_config(cfg, job.topo.comm, job.loader, job.timer)
+        # the run directory (and a checkpoint directory of its own) is this job's alone, from here
+        stack.enter_context(hold_run_dirs(comm, [cfg.run.run_dir] + ([cfg.ckpt.dir] if cfg.ckpt.dir else [])))
+        rank0 = comm.Get_rank() == 0
+        if rank0:                                  # how it ends: `hpctrain status RUN_DIR`
+            runstate.record(cfg.run.run_dir, "running")
+        stack.push(runstate.record_exit(cfg.run.run_dir, rank0))
+        watchdog = None
+        if cfg.run.watchdog_s > 0 or cfg.run.watchdog_abort_s > 0:
+            watchdog = Watchdog(comm, cfg.run.watchdog_s, abort_s=cfg.run.watchdog_abort_s)
+            stack.push(on_agreed_exit(watchdog.close))
+        # SIGTERM/SIGUSR1/SIGINT → checkpoint and stop; from here, so a signal during set-up is
+        # not lost (nor fatal): it is acted on at the first step
+        stop = StopSignal(comm)
+        stack.push(on_agreed_exit(stop.close))
+        job = setup(cfg, comm, stack, watchdog)
+        run_id = run_identity(job.topo.comm, cfg.run.run_dir, fresh=not cfg.ckpt.resume)
+        ckpt = Checkpointer.from_config(cfg, job.topo.comm, job.loader, job.timer, run_id=run_id)
         resumed = ckpt.resume(job.trainer, cfg.ckpt.resume)      # None, or where to continue
         log = stack.enter_context(contextlib.closing(
             MetricsLog(cfg.run.run_dir, enabled=job.topo.rank == 0, append=resumed is not None)))
+        if watchdog is not None:                                  # the run's last record says why it ended
+            watchdog.on_abort = lambda text: on_stall(cfg.run.run_dir, comm.Get_rank(), log, text,
+                                                      job.trainer.step_count)
         if job.topo.rank == 0:
             print(startup_line(job), flush=True)
-        log.log("config", config=cfg.to_dict(), world_size=job.topo.size, topology=job.topo.describe(),
+        log.log("config", config=cfg.to_dict(), run_id=run_id, world_size=job.topo.size, topology=job.topo.describe(),
                 data=job.loader.describe(), test_data=job.test_set.describe(), steps_per_epoch=job.loader.steps,
                 resumed_from=ckpt.last_path if resumed else None, start_step=job.trainer.step_count)
-        stop = StopSignal(job.topo.comm)                      # SIGTERM/SIGUSR1 → checkpoint and stop
-        stack.push(on_agreed_exit(stop.close))
-        progress = train(job, ckpt, stop, resumed, log, stack)
+        progress = train(job, ckpt, stop, resumed, log, stack, watchdog)
         if stop.agreed:
             log.log("stopped", signal=stop.name, step=job.trainer.step_count, checkpoint=ckpt.last_path,
                     train_s=progress.train_s)
+            if rank0:
+                runstate.record(cfg.run.run_dir, "stopped", signal=stop.name, step=job.trainer.step_count,
+                                checkpoint=ckpt.last_path)
             raise Stopped(f"stopped by {stop.name} at step {job.trainer.step_count} after writing "
                           f"{ckpt.last_path}; continue with --set ckpt.resume=auto")
-        return summarise(job, log, progress, t0)
+        with busy(watchdog, "evaluation"):
+            summary = summarise(job, log, progress, t0)
+        if rank0:
+            runstate.record(cfg.run.run_dir, "done", steps=summary["steps"], test_accuracy=summary["test_accuracy"])
+        return summary
+
+
+def on_stall(run_dir: str, rank: int, log: MetricsLog, text: str, step: int) -> None:
+    """The watchdog is ending the job: rank 0 (rank 1 when rank 0 is the stalled one and rank 1's
+    own watch ends the job) records it as the run's state; rank 0 also in metrics.jsonl."""
+    if rank in (0, 1):
+        runstate.record(run_dir, "stalled", message=text, step=step)
+    log.log("stalled", message=text, step=step)
+
+
+def busy(watchdog: Watchdog | None, name: str):
+    """``watchdog.busy(name)``: a phase that may be long without step progress (none: nothing)."""
+    return watchdog.busy(name) if watchdog is not None else contextlib.nullcontext()
 
 
 def train(job: Job, ckpt: Checkpointer, stop: StopSignal, resumed, log: MetricsLog,
-          stack: contextlib.ExitStack) -> Progress:
+          stack: contextlib.ExitStack, watchdog: Watchdog | None = None) -> Progress:
     """The epochs: steps, per-epoch log lines, periodic and final checkpoints. Collective."""
     cfg, topo, loader, trainer = job.cfg, job.topo, job.loader, job.trainer
     timeline = Timeline(topo.comm) if cfg.run.timeline else None
-    watchdog = Watchdog(topo.comm, cfg.run.watchdog_s) if cfg.run.watchdog_s > 0 else None
-    if watchdog is not None:
-        stack.push(on_agreed_exit(watchdog.close))
     job.timer.sinks += [sink for sink in (timeline, watchdog) if sink is not None]
     total_steps = loader.steps * cfg.train.epochs
     if cfg.train.max_steps:
@@ -330,7 +372,8 @@ def train(job: Job, ckpt: Checkpointer, stop: StopSignal, resumed, log: MetricsL
                 bar.update(1)
                 bar.set_postfix(loss=f"{float(loss_sum) / n:.3f}", lr=f"{lr:.3g}", refresh=False)
             if ckpt.due(trainer.step_count):
-                ckpt.save(trainer)
+                with busy(watchdog, "checkpoint"):
+                    ckpt.save(trainer)
             if stop.poll():                               # agreed by all ranks at the same step
                 break
         phases = job.timer.reset()
@@ -340,12 +383,14 @@ def train(job: Job, ckpt: Checkpointer, stop: StopSignal, resumed, log: MetricsL
         rec = {"epoch": epoch, "step": trainer.step_count, "train_loss": loss_total[0] / max(loss_total[1], 1),
                "lr": lr, "epoch_s": time.perf_counter() - t_epoch, "phases_s": phases}
         if cfg.train.eval_every and (epoch + 1) % cfg.train.eval_every == 0:
-            rec.update(evaluate(job))       # OD-SGD: scores the global weights W (trainer.finish)
+            with busy(watchdog, "evaluation"):
+                rec.update(evaluate(job))   # OD-SGD: scores the global weights W (trainer.finish)
         log.log("epoch", **rec)
         if trainer.step_count >= total_steps or stop.agreed:
             break
-    trainer.finish()
-    ckpt.save(trainer)                                    # the final (or signal) checkpoint
+    with busy(watchdog, "checkpoint"):
+        trainer.finish()
+        ckpt.save(trainer)                                # the final (or signal) checkpoint
     progress.train_s = time.perf_counter() - t_train
     if timeline:
         merge_and_write(timeline, topo.comm, os.path.join(cfg.run.run_dir, "timeline.json"))

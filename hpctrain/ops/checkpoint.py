@@ -109,6 +109,27 @@ def read_file(path: str, verify: bool = True) -> tuple[dict, bytes]:
     return header, payload
 
 
+def read_header(path: str) -> dict | None:
+    """A checkpoint's header alone (no payload read), or None if it cannot be read."""
+    try:
+        with open(path, "rb") as fh:
+            if fh.read(len(MAGIC)) != MAGIC:
+                return None
+            return json.loads(fh.readline())
+    except (OSError, ValueError):
+        return None
+
+
+def of_run(path: str, run_id: str | None) -> bool:
+    """Whether the checkpoint at ``path`` belongs to run ``run_id`` (None: any run). A checkpoint
+    whose header cannot be read, or written before checkpoints carried a run id, counts as this
+    run's (reading it then verifies it, or warns)."""
+    if run_id is None:
+        return True
+    header = read_header(path)
+    return header is None or header.get("run_id") in (None, run_id)
+
+
 def list_checkpoints(directory: str) -> list[tuple[int, str]]:
     """``(step, path)`` of every checkpoint in ``directory``, oldest first."""
     if not os.path.isdir(directory):
@@ -118,21 +139,32 @@ def list_checkpoints(directory: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
-def newest_valid(directory: str, warn=None) -> tuple[str, dict, bytes] | None:
-    """The newest checkpoint that verifies (``warn(msg)`` for each one skipped), or None."""
+def newest_valid(directory: str, warn=None, run_id: str | None = None) -> tuple[str, dict, bytes] | None:
+    """The newest checkpoint of run ``run_id`` (None: any) that verifies (``warn(msg)`` for each
+    one skipped), or None. Raises :class:`CheckpointError` if there is none of this run's but there
+    are another run's: continuing from those would be another run's weights."""
+    foreign = None
     for _, path in reversed(list_checkpoints(directory)):
+        if not of_run(path, run_id):
+            foreign = foreign or path
+            continue
         try:
             header, payload = read_file(path)
             return path, header, payload
         except CheckpointError as exc:
             if warn:
                 warn(f"{exc}; falling back to the previous checkpoint")
+    if foreign:
+        raise CheckpointError(f"checkpoint {foreign} belongs to run {read_header(foreign).get('run_id')}, not to "
+                              f"this run ({run_id}) and this run has none: resume it by path "
+                              f"(--resume {foreign}) or start afresh (--resume none)")
     return None
 
 
-def prune(directory: str, keep: int) -> list[str]:
-    """Delete all but the newest ``keep`` checkpoints and stray temporary files; returns deleted paths."""
-    doomed = [p for _, p in list_checkpoints(directory)[:-keep]]
+def prune(directory: str, keep: int, run_id: str | None = None) -> list[str]:
+    """Delete all but the newest ``keep`` checkpoints of run ``run_id`` (None: any run; another
+    run's are never deleted) and stray temporary files; returns deleted paths."""
+    doomed = [p for _, p in list_checkpoints(directory) if of_run(p, run_id)][:-keep]
     doomed += [os.path.join(directory, n) for n in os.listdir(directory) if n.startswith(".ckpt-") and ".tmp-" in n]
     for p in doomed:
         try:
@@ -192,8 +224,9 @@ class Checkpointer:
     """
 
     def __init__(self, comm: MPI.Comm, directory: str, *, steps_per_epoch: int, global_batch: int,
-                 config: dict, every_steps: int = 0, keep: int = 3, timer: StepTimer = NULL_TIMER):
-        self.comm, self.directory = comm, directory
+                 config: dict, every_steps: int = 0, keep: int = 3, timer: StepTimer = NULL_TIMER,
+                 run_id: str | None = None):
+        self.comm, self.directory, self.run_id = comm, directory, run_id
         self.steps_per_epoch, self.global_batch = steps_per_epoch, global_batch
         self.config, self.every_steps, self.keep, self.timer = config, every_steps, keep, timer
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
@@ -201,10 +234,12 @@ class Checkpointer:
         self.last_path = None
 
     @classmethod
-    def from_config(cls, cfg, comm: MPI.Comm, loader, timer: StepTimer = NULL_TIMER) -> "Checkpointer":
+    def from_config(cls, cfg, comm: MPI.Comm, loader, timer: StepTimer = NULL_TIMER,
+                    run_id: str | None = None) -> "Checkpointer":
         directory = cfg.ckpt.dir or os.path.join(cfg.run.run_dir, "checkpoints")
         return cls(comm, directory, steps_per_epoch=loader.steps, global_batch=loader.global_batch,
-                   config=cfg.to_dict(), every_steps=cfg.ckpt.every_steps, keep=cfg.ckpt.keep, timer=timer)
+                   config=cfg.to_dict(), every_steps=cfg.ckpt.every_steps, keep=cfg.ckpt.keep, timer=timer,
+                   run_id=run_id)
 
     def _say(self, text: str) -> None:
         if self.rank == 0:
@@ -229,13 +264,15 @@ class Checkpointer:
             if self.rank == 0:
                 epoch, sie = divmod(step, self.steps_per_epoch)
                 meta = {"step": step, "epoch": epoch, "step_in_epoch": sie, "world_size": self.size}
+                if self.run_id:
+                    meta["run_id"] = self.run_id
                 state = {**meta, "format": FORMAT_VERSION, "samples_seen": step * self.global_batch,
                          "global_batch": self.global_batch, "steps_per_epoch": self.steps_per_epoch,
                          "trainer": trainer.state_dict(), "rng": rngs, "config": self.config,
                          "model_signature": model_signature(trainer.model)}
                 try:
                     write_file(path, encode(state), meta)
-                    prune(self.directory, self.keep)
+                    prune(self.directory, self.keep, self.run_id)
                 except OSError as exc:
                     error = f"checkpoint {path}: cannot write: {exc.strerror or exc}"
             error = self.comm.bcast(error, root=0)
@@ -250,7 +287,8 @@ class Checkpointer:
         if self.rank == 0:
             try:
                 if spec == "auto":
-                    found = newest_valid(self.directory, warn=lambda m: self._say(f"warning: {m}"))
+                    found = newest_valid(self.directory, warn=lambda m: self._say(f"warning: {m}"),
+                                         run_id=self.run_id)
                     if found is None:
                         self._say(f"no valid checkpoint in {self.directory}: starting from scratch")
                     else:

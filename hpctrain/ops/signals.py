@@ -1,4 +1,4 @@
-"""Stop signals: SIGTERM/SIGUSR1 (scheduler pre-emption, ``scancel``) set a flag that all ranks
+"""Stop signals: SIGTERM/SIGUSR1 (scheduler pre-emption, ``scancel``) and SIGINT (Ctrl-C) set a flag that all ranks
 agree on at a step boundary, so the job can checkpoint and stop together (:class:`StopSignal`);
 :class:`Stopped` is the error the job raises after that checkpoint.
 """
@@ -18,17 +18,20 @@ class Stopped(UserError):
 
 
 class StopSignal:
-    """SIGTERM/SIGUSR1 → a flag; every rank learns at the same step that some rank got one.
+    """SIGTERM/SIGUSR1/SIGINT → a flag; every rank learns at the same step that some rank got one.
 
     The handler only records the signal number (nothing else is safe in a handler). :meth:`poll`,
     called once per step by every rank, completes the previous step's non-blocking MAX-allreduce
     of the flags and starts the next one, so agreement costs no wait and lands one step after the
     signal on all ranks at once. Schedulers send SIGTERM on ``scancel`` (then SIGKILL after
     Slurm's ``KillWait``, 30 s by default) and a chosen signal before the time limit
-    (``sbatch --signal=USR1@120``). Uses its own duplicate of ``comm``.
+    (``sbatch --signal=USR1@120``). Ctrl-C at a terminal sends SIGINT to every process of the
+    foreground group — the launcher and, unless it moved them, the ranks: the first stops the job
+    like SIGTERM; a second on the same rank interrupts it at once (``KeyboardInterrupt``, which
+    aborts the job). Uses its own duplicate of ``comm``.
     """
 
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
     def __init__(self, comm: MPI.Comm, signals=SIGNALS):
         self.comm = comm.Dup()
@@ -41,6 +44,8 @@ class StopSignal:
             self._previous = {s: signal.signal(s, self._handler) for s in signals}
 
     def _handler(self, signum, frame):
+        if signum == signal.SIGINT and self.local == signal.SIGINT:
+            raise KeyboardInterrupt                # Ctrl-C twice: stop now, no checkpoint
         self.local = signum
 
     @property

@@ -9,12 +9,21 @@ thread on rank 0 reads that window's local memory (no MPI calls from the thread,
 values have not changed for ``timeout_s``, prints the ranks that have not reached the furthest
 rank's point, e.g. "no progress for 30 s: rank 3 is after 'forward' of step 57; ranks 0-2, 4-7
 wait after 'backward' of step 57" (that is, in the gradient allreduce). Every rank runs the
-same phases in the same order, so progress values are comparable across ranks. It reports; it
-does not abort (a slow file system can stall a healthy job). Cost: one small one-sided
-accumulate per phase per rank (3-35 us measured here at 2-4 ranks on 2 cores).
+same phases in the same order, so progress values are comparable across ranks. Cost: one small
+one-sided accumulate per phase per rank (3-35 us measured here at 2-4 ranks on 2 cores).
+
+It reports every ``timeout_s``; after ``abort_s`` without progress it ends the job — one line
+naming the stalled ranks and where they were, ``on_abort(line)`` (the job records it), then
+``MPI_Abort`` with :data:`STALLED_STATUS` — so a rank stopped or hung in place cannot hold a
+2,048-rank allocation to its time limit (torch's NCCL watchdog and Horovod's stall inspector end
+a job likewise). Both bounds are :data:`ALLOWANCE` times longer while rank 0 is starting up
+(until its first step is done) or inside :meth:`busy` (checkpoint writes, evaluation), when long
+silences are normal. Rank 0 alone sees every rank; should rank 0 itself be the one stopped, every
+other rank watches its own progress and ends the job a margin later (:meth:`_backup_bound`).
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
@@ -23,6 +32,8 @@ import numpy as np
 from mpi4py import MPI
 
 SLOTS_PER_STEP = 64
+STALLED_STATUS = 4          # the job's exit status when the watchdog ends it
+ALLOWANCE = 3               # the abort bound is this many times longer in start-up and busy phases
 
 
 def compress_ranks(ranks: list[int]) -> str:
@@ -68,16 +79,23 @@ def describe_stall(values, phase_names: list[str], stalled_s: float) -> str:
 
 
 class Watchdog:
-    """Collective constructor; :meth:`step` at each step start and the timer sink on every rank."""
+    """Collective constructor; :meth:`step` at each step start and the timer sink on every rank.
 
-    def __init__(self, comm: MPI.Comm, timeout_s: float, report=None, poll_s: float | None = None):
+    ``timeout_s``: report a stall after that many seconds, and again each period (0: no reports);
+    ``abort_s``: end the job after that many (0: never).
+    """
+
+    def __init__(self, comm: MPI.Comm, timeout_s: float, report=None, poll_s: float | None = None,
+                 abort_s: float = 0.0, on_abort=None):
         self.comm = comm.Dup()
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
-        self.timeout_s = timeout_s
+        self.timeout_s, self.abort_s = timeout_s, abort_s
         self.report = report or (lambda text: print(f"hpctrain: watchdog: {text}", file=sys.stderr, flush=True))
+        self.on_abort = on_abort
         self.win = MPI.Win.Allocate(8 * self.size if self.rank == 0 else 0, disp_unit=8, comm=self.comm)
         self._val = np.zeros(1, np.int64)
-        self._step, self._k = 0, 0
+        self._step, self._k, self._steps_started = 0, 0, 0
+        self._busy = None                     # name of the slow phase this rank is in (see busy())
         self.phase_names: list[str] = []      # this rank's span names within a step, in order
         self._names_now: list[str] = []
         self._stop = threading.Event()
@@ -86,10 +104,11 @@ class Watchdog:
             self.progress = np.frombuffer(self.win.tomemory(), dtype=np.int64)
             self.progress[:] = 0
         self.comm.Barrier()                  # every slot is zero before anyone posts
-        if self.rank == 0:
-            poll = poll_s if poll_s is not None else min(1.0, timeout_s / 4)
-            self._thread = threading.Thread(target=self._watch, args=(poll,), name="hpctrain-watchdog",
-                                            daemon=True)
+        bounds = [b for b in (timeout_s, abort_s) if b > 0]
+        poll = poll_s if poll_s is not None else min([1.0] + [b / 4 for b in bounds])
+        target = self._watch if self.rank == 0 else (self._watch_self if abort_s > 0 else None)
+        if target is not None:
+            self._thread = threading.Thread(target=target, args=(poll,), name="hpctrain-watchdog", daemon=True)
             self._thread.start()
 
     def _post(self) -> None:
@@ -100,9 +119,10 @@ class Watchdog:
 
     def step(self, step: int) -> None:
         """This rank starts ``step``."""
-        if self._names_now:
+        if self._names_now and self._steps_started:
             self.phase_names = self._names_now
         self._step, self._k, self._names_now = step, 0, []
+        self._steps_started += 1
         self._post()
 
     def __call__(self, name: str, start_s: float, duration_s: float) -> None:
@@ -110,6 +130,38 @@ class Watchdog:
         self._k += 1
         self._names_now.append(name)
         self._post()
+
+    @contextlib.contextmanager
+    def busy(self, name: str):
+        """Every rank, around a phase that may be long with no step progress (a checkpoint write,
+        an evaluation): the bounds are :data:`ALLOWANCE` times longer inside it."""
+        self._busy = name
+        try:
+            yield
+        finally:
+            self._busy = None
+            self(name, 0.0, 0.0)              # done: that is progress
+
+    def _allowance(self) -> float:
+        """How many times the bounds are longer now: :data:`ALLOWANCE` in start-up (before this
+        rank's first step is done) and busy phases, else 1."""
+        return ALLOWANCE if self._steps_started < 2 or self._busy is not None else 1
+
+    def _backup_bound(self) -> float:
+        """A rank other than 0 ends the job itself this much later than rank 0 would have."""
+        return self.abort_s * self._allowance() * 1.1 + 10
+
+    def _end_job(self, text: str) -> None:
+        """Say why (one line), let the job record it, give the launcher time to pass the line on,
+        then MPI_Abort. From the watching thread: the main thread is blocked in a collective."""
+        self.report(text)
+        if self.on_abort is not None:
+            try:
+                self.on_abort(text)
+            except Exception:                 # the record is a courtesy; ending the job is not
+                pass
+        time.sleep(0.3)
+        MPI.COMM_WORLD.Abort(STALLED_STATUS)
 
     def _watch(self, poll_s: float) -> None:
         last, since, reported = self.progress.copy(), time.monotonic(), 0
@@ -119,10 +171,33 @@ class Watchdog:
                 last, since, reported = now, time.monotonic(), 0
                 continue
             stalled = time.monotonic() - since
-            if stalled >= self.timeout_s * (reported + 1):
-                names = self.phase_names or self._names_now
+            names = self.phase_names or self._names_now
+            allowance = self._allowance()
+            if self.abort_s > 0 and stalled >= self.abort_s * allowance:
+                self._end_job(f"{describe_stall(now, names, stalled)}; ending the job (status {STALLED_STATUS})")
+                return
+            if self.timeout_s > 0 and stalled >= self.timeout_s * allowance * (reported + 1):
                 self.report(describe_stall(now, names, stalled))
                 reported += 1
+
+    def _watch_self(self, poll_s: float) -> None:
+        """Ranks other than 0: end the job if this rank has not moved for longer than rank 0's
+        watchdog would have allowed (rank 0 is then likely stopped itself)."""
+        last, since = int(self._val[0]), time.monotonic()
+        while not self._stop.wait(poll_s):
+            now = int(self._val[0])
+            if now != last:
+                last, since = now, time.monotonic()
+                continue
+            stalled = time.monotonic() - since
+            if stalled >= self._backup_bound():
+                step, k = divmod(now, SLOTS_PER_STEP)
+                where = (f"after '{self._names_now[k - 1]}' of step {step}" if 0 < k <= len(self._names_now)
+                         else f"at step {step}")
+                self._end_job(f"no progress for {stalled:.0f} s: rank {self.rank} waits {where}, and rank 0's "
+                              f"watchdog has not ended the job (rank 0 may be stopped itself); ending the job "
+                              f"(status {STALLED_STATUS})")
+                return
 
     def close(self) -> None:
         """Collective: stop the thread and free the window and the communicator; idempotent."""

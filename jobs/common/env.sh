@@ -149,6 +149,8 @@ hpctrain_launch() {
   fi
   mkdir -p "$RUN_DIR"
   echo "hpctrain job: $(hpctrain_show "$@")" >&2
+  local started
+  started=$(date +%s)
   "$@" &
   local pid=$!
   trap 'kill -s '"$stop"' '"$pid"' 2>/dev/null' TERM USR1
@@ -158,10 +160,23 @@ hpctrain_launch() {
     kill -0 "$pid" 2>/dev/null || break        # wait returned because of a trapped signal: wait again
   done
   trap - TERM USR1
-  # MPICH's Hydra sometimes exits 0 after forwarding a signal although every rank stopped with 3
-  # (about 1 run in 8 here): the run's own last record decides.
-  if [ "$rc" = 0 ] && hpctrain_stopped; then rc=3; fi
+  # A launcher's status is not always the run's: Open MPI's mpirun exits 1 when it was itself
+  # signalled, MPICH's Hydra sometimes 0 after forwarding a signal (about 1 run in 8 here), though
+  # every rank stopped with 3. When the launcher says 0 or 1, the run's recorded state decides
+  # (hpctrain status: 3 stopped, 4 stalled; a state recorded before this launch is not this job's);
+  # any other status is the launcher's own word.
+  if [ -z "$SCRIPT" ] && { [ "$rc" = 0 ] || [ "$rc" = 1 ]; }; then
+    local state=0
+    "$PY" -m hpctrain status --since "$started" "$RUN_DIR" >&2 || state=$?
+    case $state in 3|4) rc=$state ;; esac
+  fi
+  HPCTRAIN_RC=$rc
   return "$rc"
+}
+
+hpctrain_stopped() {
+  # True if the run stopped on a signal with a checkpoint written (status 3, after hpctrain_launch).
+  [ "${HPCTRAIN_RC:-}" = 3 ]
 }
 
 hpctrain_ompi_exports() {
@@ -194,9 +209,4 @@ hpctrain_launcher() {
       LAUNCH=("$exe" -n "$NP" -ppn "$RANKS_PER_NODE" -bind-to "core:$CPUS_PER_RANK") ;;
   esac
   return 0
-}
-
-hpctrain_stopped() {
-  # True if the run's last record says it stopped on a signal (checkpoint written).
-  [ -f "$RUN_DIR/metrics.jsonl" ] && tail -n 1 "$RUN_DIR/metrics.jsonl" | grep -q '"event": "stopped"'
 }

@@ -1,0 +1,103 @@
+"""How a run ended, recorded in ``RUN_DIR/state.json``, and ``python -m hpctrain status RUN_DIR``.
+
+A launcher's exit status is not always the run's: Open MPI's ``mpirun`` exits 1 when it was
+itself signalled (``kill -TERM``, Ctrl-C, ``timeout``) although every rank checkpointed and
+stopped with 3; MPICH's Hydra sometimes exits 0 after forwarding a signal. So the job records its
+state, and ``hpctrain status`` turns it back into the documented status (the batch scripts use
+it to repair the launcher's). Rank 0 writes ``running`` once it holds the run directory's lock,
+then ``done``, ``stopped``, ``failed`` or ``stalled`` on the way out. A job killed outright (or
+aborted by another rank's failure) cannot write: its state stays ``running`` with the lock free,
+which reads as failed. Light: no MPI, no torch, so it runs on a batch node in a blink.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import time
+
+from hpctrain.fileio import atomic_write_text
+from hpctrain.ops.runlock import RunLock
+
+STATE_NAME = "state.json"
+# state → the job's documented exit status (running: 1, not an end)
+STATUS = {"done": 0, "failed": 2, "stopped": 3, "stalled": 4}
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def record(run_dir: str, state: str, **fields) -> None:
+    """Write the run's state (atomically; call on rank 0, holding the run directory's lock)."""
+    atomic_write_text(os.path.join(run_dir, STATE_NAME),
+                      json.dumps({"state": state, "time": now(), "unix_time": time.time(), "pid": os.getpid(),
+                                  **fields}) + "\n")
+
+
+def read(run_dir: str) -> dict | None:
+    try:
+        with open(os.path.join(run_dir, STATE_NAME)) as fh:
+            return json.loads(fh.read())
+    except (OSError, ValueError):
+        return None
+
+
+def describe(run_dir: str, since: float | None = None) -> tuple[str, int]:
+    """(one line, exit status) for the run in ``run_dir``; with ``since`` (a Unix time), a state
+    recorded before it is an earlier job's: this one then ended before it could record anything."""
+    holder = RunLock(run_dir).holder()
+    if holder is not None:
+        return f"running: {holder}", 1
+    st = read(run_dir)
+    if st is not None and since is not None and st.get("unix_time", 0) < since:
+        return (f"failed: no job recorded a state in {run_dir} since {datetime.datetime.fromtimestamp(since, datetime.timezone.utc):%Y-%m-%d %H:%M:%S UTC} "
+                f"(the job ended before taking the run directory; see its output)"), 2
+    if st is None:
+        if os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
+            return f"failed: {run_dir} has no {STATE_NAME} (written by an hpctrain older than this one)", 2
+        return f"failed: no hpctrain run in {run_dir}", 2
+    state, when = st.get("state"), st.get("time", "?")
+    if state == "done":
+        return f"done: {st.get('steps')} steps, test accuracy {100 * st.get('test_accuracy', 0):.2f}% ({when})", 0
+    if state == "stopped":
+        return (f"stopped by {st.get('signal')} at step {st.get('step')} after writing {st.get('checkpoint')} "
+                f"({when}); continue with --set ckpt.resume=auto"), 3
+    if state in ("failed", "stalled"):
+        return f"{state}: {st.get('message')} ({when})", STATUS[state]
+    return (f"failed: the job started {when} (pid {st.get('pid')}) ended without recording how: killed, "
+            f"or aborted by a rank's failure (see its output)"), 2
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m hpctrain status",
+                                 description="Print how the run in RUN_DIR ended; exit 0 done, 3 stopped (checkpoint "
+                                             "written), 2 failed, 4 stalled (ended by the watchdog), 1 still running.")
+    ap.add_argument("run_dir", metavar="RUN_DIR")
+    ap.add_argument("--since", type=float, metavar="UNIX_TIME",
+                    help="the job started then: an older record is an earlier job's (the batch scripts pass it)")
+    try:
+        args = ap.parse_args(argv)
+    except SystemExit as exc:
+        return 2 if exc.code else 0
+    line, status = describe(args.run_dir, args.since)
+    print(f"hpctrain: {line}")
+    return status
+
+
+def record_exit(run_dir: str, enabled: bool):
+    """An ``ExitStack`` exit callback recording ``failed`` (with the error's line) when the block
+    raises anything but a stop; ``done`` and ``stopped`` are recorded by the job with their details."""
+    from hpctrain.errors import UserError
+    from hpctrain.ops.signals import Stopped
+
+    def exit_(exc_type, exc, tb):
+        if enabled and exc_type is not None and not issubclass(exc_type, Stopped):
+            message = str(exc) if issubclass(exc_type, UserError) else f"{exc_type.__name__}: {exc}"
+            try:
+                record(run_dir, "failed", message=message)
+            except OSError:
+                pass                          # the error itself is what the user must see
+        return False
+    return exit_
