@@ -34,9 +34,10 @@ from concurrent.futures import ThreadPoolExecutor
 import h5py
 import numpy as np
 
+from hpctrain.data.blocks import BlockCheck
 from hpctrain.data.direct import DirectExtent
 from hpctrain.data.hdf5 import choose_driver, open_read
-from hpctrain.data.index import ShardError, ShardIndex, file_sha256
+from hpctrain.data.index import ShardError, ShardIndex, file_digests, file_sha256
 
 VERIFY_MODES = ("shared", "node", "off")
 HASH_THREADS = max(1, min(4, os.cpu_count() or 1))   # files hashed at once by one process (no comm, 1 rank)
@@ -54,7 +55,7 @@ class ShardSet:
     """
 
     def __init__(self, index: ShardIndex, split: str, *, comm=None, driver: str = "auto",
-                 verify: str = "shared"):
+                 verify: str = "shared", per_block: bool = True):
         if verify not in VERIFY_MODES:
             raise ValueError(f"shard verification {verify!r}: expected one of {' | '.join(VERIFY_MODES)}")
         self.index = index
@@ -72,6 +73,11 @@ class ShardSet:
         self._datasets: dict[int, tuple] = {}
         self._direct: dict[int, tuple] = {}       # (x, y) DirectExtent or None, serial driver only
         self._fds: dict[int, int] = {}
+        self._hash_pool: ThreadPoolExecutor | None = None
+        # index v3, read by pread: data blocks checked as read, the rest at open (module docstring)
+        on_read = per_block and verify != "off" and self.driver == "serial" and index.encoding == "raw"
+        self._blocks = {i: BlockCheck(self.path(i), e["blocks"]) for i, e in enumerate(self.entries)
+                        if on_read and "blocks" in e}
         atexit.register(_close_at_exit, weakref.ref(self))   # before h5py tears files down at exit
         if verify != "off" and comm is not None:
             self._verify_collective()
@@ -89,6 +95,12 @@ class ShardSet:
                f"serial per-shard files, contiguous datasets read by pread ({self.driver_reason})")
         if self.verify_mode == "off":
             check = "SHA-256 not checked (verify off)"
+        elif self._blocks:
+            b = next(iter(self._blocks.values())).block_bytes
+            whole = len(self.entries) - len(self._blocks)
+            check = (f"SHA-256 of {b >> 10} KiB blocks: metadata blocks checked at open"
+                     f"{f' over {self.verify_ranks} rank(s)' if self.verify_ranks else ''}, data blocks as first read"
+                     f"{f'; {whole} shard(s) without block digests checked whole' if whole else ''}")
         elif self.verify_ranks:
             check = (f"SHA-256 of every shard checked at open, {self.verify_mode} over {self.verify_ranks} "
                      f"rank(s) ({self.verify_s:.2f} s here)")
@@ -110,14 +122,37 @@ class ShardSet:
             return f"{path}: cannot read shard ({exc.strerror or exc})"
         return None if got == want else f"{path}: checksum mismatch (file changed or truncated)"
 
-    def _first_problem(self, shards: list[int], threads: int) -> tuple[int, str] | None:
-        """Hash ``shards`` (``threads`` at once: hashlib and reads release the GIL); the lowest bad one."""
+    def _at_open_problem(self, i: int) -> str | None:
+        """The check made before shard ``i`` is opened: its non-data blocks (v3), else the whole file."""
+        blk = self._blocks.get(i)
+        return self._sha256_problem(i) if blk is None else blk.check(blk.at_open())
+
+    def _full_problem(self, i: int) -> str | None:
+        """The whole file's SHA-256 and, where the index has them, every block's, in one read."""
+        blocks = self.entries[i].get("blocks")
+        if blocks is None:
+            return self._sha256_problem(i)
+        path, check = self.path(i), BlockCheck(self.path(i), blocks)
+        problem = check.size_problem()
+        if problem:
+            return problem
+        try:
+            whole, got = file_digests(path, check.block_bytes)
+        except OSError as exc:
+            return f"{path}: cannot read shard ({exc.strerror or exc})"
+        bad = next((p for p in map(check.problem, range(len(got)), map(bytes.fromhex, got)) if p), None)
+        return bad or (None if whole == self.entries[i]["sha256"].lower() else
+                       f"{path}: checksum mismatch (file changed or truncated)")
+
+    def _first_problem(self, shards: list[int], threads: int, check=None) -> tuple[int, str] | None:
+        """Check ``shards`` (``threads`` at once: hashlib and reads release the GIL); the lowest bad one."""
+        check = check or self._at_open_problem
         t0 = time.perf_counter()
         if threads > 1 and len(shards) > 1:
             with ThreadPoolExecutor(min(threads, len(shards)), thread_name_prefix="hpctrain-sha256") as pool:
-                found = list(pool.map(self._sha256_problem, shards))
+                found = list(pool.map(check, shards))
         else:
-            found = [self._sha256_problem(i) for i in shards]
+            found = [check(i) for i in shards]
         self.verify_s += time.perf_counter() - t0
         return next(((i, p) for i, p in zip(shards, found) if p), None)
 
@@ -141,6 +176,8 @@ class ShardSet:
             raise ShardError(min(problems)[1])
         self.verify_ranks = size
         self.verified.update(range(len(self.entries)))
+        for blk in self._blocks.values():           # checked by another rank: agreed above
+            blk.mark_done(blk.at_open())
 
     def mark_verified(self, shards) -> None:
         """Trust ``shards`` as checked by another process reading the same files (the node reader)."""
@@ -170,7 +207,19 @@ class ShardSet:
         self._datasets[i] = (fh["x"], fh["y"])       # a lookup by name costs ~0.5 ms: do it once
         if self.driver == "serial":
             self._direct_extents(i, path)
+        if i in self._blocks:
+            self._check_unread_blocks(i)
         return fh
+
+    def _check_unread_blocks(self, i: int) -> None:
+        """Data blocks that this set will not read by ``pread`` (read through HDF5) are checked now."""
+        (ex, ey), dy = self._direct.get(i, (None, None)), self._datasets[i][1]
+        extents = [(e.offset, e.end()) for e in (ex, ey if dy.dtype == np.int64 else None) if e is not None]
+        blk = self._blocks[i]
+        problem = blk.check(blk.only_read_by(extents))
+        if problem:
+            self.close_one(i)
+            raise ShardError(problem)
 
     def _direct_extents(self, i: int, path: str) -> None:
         fd = os.open(path, os.O_RDONLY)
@@ -252,18 +301,29 @@ class ShardSet:
             n = hi - lo
             try:
                 if ex is not None:
-                    ex.read_into(lo, hi, x[off:off + n])
+                    self._read_direct(i, ex, lo, hi, x[off:off + n])
                 elif self.index.encoding == "jpeg":
                     x[off:off + n] = dx[lo:hi]
                 elif n:
                     dx.read_direct(x, np.s_[lo:hi], np.s_[off:off + n])
                 if ey is not None and dy.dtype == np.int64:
-                    ey.read_into(lo, hi, y[off:off + n])
+                    self._read_direct(i, ey, lo, hi, y[off:off + n])
                 else:
                     y[off:off + n] = dy[lo:hi]
             except OSError as exc:
                 raise ShardError(f"{self.path(i)}: read of samples {lo}..{hi} failed (truncated? {exc})") from None
             self._check_labels(y[off:off + n], i, lo)
+
+    def _read_direct(self, i: int, ext: DirectExtent, lo: int, hi: int, out: np.ndarray) -> None:
+        """Rows ``[lo, hi)`` by ``pread``, checking the blocks not yet checked (v3)."""
+        blk = self._blocks.get(i)
+        if blk is not None:
+            pos, n = ext.span(lo, hi)
+            if self._hash_pool is None and HASH_THREADS > 1:
+                self._hash_pool = ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="hpctrain-block")
+            if blk.read_into(ext.fd, pos, memoryview(out).cast("B")[:n], self._hash_pool):
+                return
+        ext.read_into(lo, hi, out)
 
     def check(self) -> None:
         """Open every shard and check it against the index (cheap: metadata only)."""
@@ -277,16 +337,22 @@ class ShardSet:
             self._check_labels(self._datasets[i][1][:], i, 0)
 
     def verify(self) -> None:
-        """Check every shard's SHA-256 against the index now (reads every byte; local, threaded)."""
-        problem = self._first_problem(list(range(len(self.entries))), HASH_THREADS)
+        """Check every shard's SHA-256, and every block's (v3), against the index now (reads every
+        byte once; local, threaded)."""
+        problem = self._first_problem(list(range(len(self.entries))), HASH_THREADS, self._full_problem)
         if problem:
             raise ShardError(problem[1])
         self.verified.update(range(len(self.entries)))
+        for blk in self._blocks.values():
+            blk.mark_done(range(len(blk.want)))
 
     def close(self) -> None:
         """Close the open files (collective with ``mpio``: every rank must call it)."""
         for i in sorted(self._files):
             self.close_one(i)
+        if self._hash_pool is not None:
+            self._hash_pool.shutdown()
+            self._hash_pool = None
 
 
 def _close_at_exit(ref) -> None:
