@@ -89,6 +89,36 @@ class BlockCheck:
     def mark_done(self, blocks) -> None:
         self.done[list(blocks)] = True
 
+    def check_read(self, pos: int, view: memoryview, read_bytes, pool) -> None:
+        """``view`` holds the file's bytes ``[pos, pos + len(view))``, read by HDF5 (``mpio``): check
+        the blocks they touch that have not matched yet, reading the rest of a block cut by the range
+        with ``read_bytes(pos, view)``. Raises the first mismatch as a :class:`ShardError`."""
+        end = pos + len(view)
+        first, last = pos // self.block_bytes, (end - 1) // self.block_bytes
+        pending = [k for k in range(first, last + 1) if not self.done[k]] if len(view) else []
+        parts = {}
+        for k in pending:
+            a, b = self.span(k)
+            s, e = max(pos, a), min(end, b)
+            head, tail = memoryview(bytearray(s - a)), memoryview(bytearray(b - e))
+            if len(head):
+                read_bytes(a, head)
+            if len(tail):
+                read_bytes(e, tail)
+            parts[k] = (head, view[s - pos:e - pos], tail)
+
+        def one(k: int) -> str | None:
+            h = hashlib.sha256()
+            for part in parts[k]:
+                h.update(part)
+            return self.problem(k, h.digest())
+
+        found = list(pool.map(one, pending)) if pool is not None and len(pending) > 1 else [one(k) for k in pending]
+        bad = next((p for p in found if p), None)
+        if bad:
+            raise ShardError(bad)
+        self.mark_done(pending)
+
     def read_into(self, fd: int, pos: int, view: memoryview, pool) -> bool:
         """Read bytes ``[pos, pos + len(view))`` into ``view``, checking every block they touch that
         has not matched yet; ``False`` (nothing read) when none is left to check. Raises the

@@ -72,10 +72,11 @@ class ShardSet:
         self._files: dict[int, h5py.File] = {}
         self._datasets: dict[int, tuple] = {}
         self._direct: dict[int, tuple] = {}       # (x, y) DirectExtent or None, serial driver only
+        self._stored: dict[int, tuple] = {}       # (x, y) extents whose bytes HDF5 reads as stored (mpio)
         self._fds: dict[int, int] = {}
         self._hash_pool: ThreadPoolExecutor | None = None
         # index v3, read by pread: data blocks checked as read, the rest at open (module docstring)
-        on_read = per_block and verify != "off" and self.driver == "serial" and index.encoding == "raw"
+        on_read = per_block and verify != "off" and index.encoding == "raw"
         self._blocks = {i: BlockCheck(self.path(i), e["blocks"]) for i, e in enumerate(self.entries)
                         if on_read and "blocks" in e}
         atexit.register(_close_at_exit, weakref.ref(self))   # before h5py tears files down at exit
@@ -207,13 +208,15 @@ class ShardSet:
         self._datasets[i] = (fh["x"], fh["y"])       # a lookup by name costs ~0.5 ms: do it once
         if self.driver == "serial":
             self._direct_extents(i, path)
+        elif i in self._blocks:
+            self._stored[i] = tuple(DirectExtent.of(ds, path, -1) for ds in self._datasets[i])
         if i in self._blocks:
             self._check_unread_blocks(i)
         return fh
 
     def _check_unread_blocks(self, i: int) -> None:
         """Data blocks that this set will not read by ``pread`` (read through HDF5) are checked now."""
-        (ex, ey), dy = self._direct.get(i, (None, None)), self._datasets[i][1]
+        (ex, ey), dy = self._direct.get(i) or self._stored.get(i, (None, None)), self._datasets[i][1]
         extents = [(e.offset, e.end()) for e in (ex, ey if dy.dtype == np.int64 else None) if e is not None]
         blk = self._blocks[i]
         problem = blk.check(blk.only_read_by(extents))
@@ -236,6 +239,7 @@ class ShardSet:
     def close_one(self, i: int) -> None:
         self._datasets.pop(i, None)
         self._direct.pop(i, None)
+        self._stored.pop(i, None)
         if i in self._fds:
             os.close(self._fds.pop(i))
         if i in self._files:
@@ -306,10 +310,12 @@ class ShardSet:
                     x[off:off + n] = dx[lo:hi]
                 elif n:
                     dx.read_direct(x, np.s_[lo:hi], np.s_[off:off + n])
+                    self._check_stored(i, 0, lo, hi, x[off:off + n])
                 if ey is not None and dy.dtype == np.int64:
                     self._read_direct(i, ey, lo, hi, y[off:off + n])
                 else:
                     y[off:off + n] = dy[lo:hi]
+                    self._check_stored(i, 1, lo, hi, y[off:off + n])
             except OSError as exc:
                 raise ShardError(f"{self.path(i)}: read of samples {lo}..{hi} failed (truncated? {exc})") from None
             self._check_labels(y[off:off + n], i, lo)
@@ -319,11 +325,32 @@ class ShardSet:
         blk = self._blocks.get(i)
         if blk is not None:
             pos, n = ext.span(lo, hi)
-            if self._hash_pool is None and HASH_THREADS > 1:
-                self._hash_pool = ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="hpctrain-block")
-            if blk.read_into(ext.fd, pos, memoryview(out).cast("B")[:n], self._hash_pool):
+            if blk.read_into(ext.fd, pos, memoryview(out).cast("B")[:n], self._pool()):
                 return
         ext.read_into(lo, hi, out)
+
+    def _pool(self) -> ThreadPoolExecutor | None:
+        if self._hash_pool is None and HASH_THREADS > 1:
+            self._hash_pool = ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="hpctrain-block")
+        return self._hash_pool
+
+    def _check_stored(self, i: int, which: int, lo: int, hi: int, out: np.ndarray) -> None:
+        """After HDF5 read rows ``[lo, hi)`` of a dataset stored as read (``mpio``): check the blocks
+        they touch; the rest of a block cut by the range is read through HDF5 too."""
+        blk, ext = self._blocks.get(i), self._stored.get(i, (None, None))[which]
+        if blk is None or ext is None or hi <= lo:
+            return
+        ds = self._datasets[i][which]
+
+        def read_bytes(pos: int, view: memoryview) -> None:
+            r0 = (pos - ext.offset) // ext.row_bytes
+            r1 = -(-(pos + len(view) - ext.offset) // ext.row_bytes)
+            raw = memoryview(np.ascontiguousarray(ds[r0:r1])).cast("B")
+            skip = pos - ext.offset - r0 * ext.row_bytes
+            view[:] = raw[skip:skip + len(view)]
+
+        pos, n = ext.span(lo, hi)
+        blk.check_read(pos, memoryview(out).cast("B")[:n], read_bytes, self._pool())
 
     def check(self) -> None:
         """Open every shard and check it against the index (cheap: metadata only)."""
