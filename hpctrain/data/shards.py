@@ -1,27 +1,35 @@
 """Reading one split of a shard directory (format: :mod:`hpctrain.data.index`): validation of
 each file against the index, contiguous reads, integrity.
 
-Integrity (``ShardSet(verify=…)``, default ``"shared"``): no byte of a shard is used before the
-whole file's SHA-256 has matched the index. With a communicator the check runs when the set is
-opened, collectively: shard *k* is hashed by rank ``k % P`` of the ``P`` ranks and the verdicts
-are allgathered, so every rank raises the same :class:`ShardError` naming the first bad shard,
-even when only one rank saw it (``"node"``: the ranks of each node share the work over their own
-view of the files, for node-local copies; ``"off"``: no hashing). Without a communicator each
-shard is hashed by the process when it first opens it (in the loader's thread when the loader
-reads). Why whole files, once per job:
+Integrity (``ShardSet(verify=…)``, default ``"shared"``): no byte of a shard is used before it
+has matched a SHA-256 of the index. Two ways, by what the index holds:
 
-* it is the field every existing index has: v1 and v2 directories are checked as they are;
-* it covers every byte — HDF5 metadata, JPEG bytes in HDF5's global heap, free space — where
-  per-block digests would need a new index field and each sample's file offset, which JPEG
-  shards do not have, and HDF5 Fletcher32 needs chunked datasets (no ``pread`` path) and does
-  not cover metadata;
-* its cost is one extra read of the split per job, spread over all ranks (ImageNet, 1000 shards
-  of 140 MB on 2048 ranks: at most one shard per rank, ≈0.1 s of SHA-256), where hashing at first
-  open on every rank would read up to P times the dataset (the block plan takes every rank through
-  most shards) and per-read digests would cost every epoch.
+* **per block, as read** (index v3, raw samples; :mod:`hpctrain.data.blocks`): the index lists the
+  SHA-256 of every 1 MiB block of each file and which blocks lie inside the storage of ``x`` or
+  ``y``. All other blocks (HDF5 metadata, free space: a few per file) are checked before HDF5
+  parses the file — with a communicator collectively at construction, shard *k* by rank
+  ``k % P``, verdicts allgathered, so every rank raises the same :class:`ShardError` naming the
+  shard and block. A data block is checked when a read first touches it, from the bytes just read
+  into the loader's buffer (``pread``; with ``mpio``, the buffer HDF5 filled), the rest of a
+  block cut by the read's ends read on the side. So the first epoch reads the data once, not
+  twice; the hashing runs in a small thread pool beside the read. A mismatch is found by the rank
+  that reads the block, in its loader thread: the error takes the place of the batch, so no step
+  uses it; the training thread raises it and the abort hook ends every rank with that one line
+  (the others wait in the step's collectives), as for a label out of range.
+* **whole files, at open** (v1/v2 indexes, v3 entries without ``blocks``, JPEG shards whose
+  samples live in HDF5's heap): each shard's file SHA-256, collectively at construction as
+  above, or without a communicator when this process first opens the shard (in the loader's
+  thread when the loader reads). It costs one extra read of the split per job, shared over the
+  ranks.
 
-It does not see a file changed on disk after the check (labels stay range-checked on every read,
-and HDF5 checks its own structures).
+Why fixed byte blocks and not an incremental hash of each file: the block plan reads shuffled
+runs, never a file front to back, and SHA-256 cannot be assembled from pieces out of order.
+Why byte blocks and not per-sample digests: they cover every byte (metadata included), need no
+knowledge of the sample layout in the index, and a 1 MiB block costs 67 bytes of index (a 140 GB
+dataset: 9 MB) where per-sample digests would cost one per 150 KB image or 3 KB CIFAR sample.
+``"node"``: the ranks of each node share the at-open work over their own view of the files, for
+node-local copies; ``"off"``: no hashing. Neither way sees a file changed on disk after its check
+(labels stay range-checked on every read, and HDF5 checks its own structures).
 """
 from __future__ import annotations
 
@@ -48,10 +56,12 @@ class ShardSet:
 
     Each opened file is checked against the index (sample count, shape, dtype) so a truncated or
     foreign file fails with its name; labels are range-checked on every read. ``verify`` (see the
-    module docstring): with ``comm`` given, construction is collective — every shard's SHA-256 is
-    checked here, shared over the ranks, before anything is opened; without, a shard is hashed by
-    this process when first opened. With the serial driver files open lazily; with ``mpio`` (see
-    ``hdf5.py``) all of them open collectively here, and :meth:`close` is collective too.
+    module docstring): with ``comm`` given, construction is collective — every shard's metadata
+    blocks (v3) or whole file (v1/v2) are checked here, shared over the ranks, before anything is
+    opened; without, by this process when it first opens the shard. Data blocks (v3) are checked
+    as they are first read. ``per_block=False`` ignores the block digests (the whole-file check).
+    With the serial driver files open lazily; with ``mpio`` (see ``hdf5.py``) all of them open
+    collectively here, and :meth:`close` is collective too.
     """
 
     def __init__(self, index: ShardIndex, split: str, *, comm=None, driver: str = "auto",
