@@ -43,6 +43,7 @@ def corrupted(base: str, where: str) -> str:
     """A copy of the clean dataset with one byte of ``SHARD`` flipped (rank 0 writes; all wait)."""
     comm = MPI.COMM_WORLD
     d = os.path.join(base, where.replace(" ", "-"))
+    comm.Barrier()                          # no rank still reads the previous test's copy
     if comm.Get_rank() == 0:
         shutil.rmtree(d, ignore_errors=True)
         shutil.copytree(os.path.join(base, "clean"), d)
