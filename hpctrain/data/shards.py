@@ -348,9 +348,9 @@ class ShardSet:
         """After HDF5 read rows ``[lo, hi)`` of a dataset stored as read (``mpio``): check the blocks
         they touch; the rest of a block cut by the range is read through HDF5 too."""
         blk, ext = self._blocks.get(i), self._stored.get(i, (None, None))[which]
-        if blk is None or ext is None or hi <= lo:
-            return
         ds = self._datasets[i][which]
+        if blk is None or ext is None or hi <= lo or (which == 1 and ds.dtype != np.int64):
+            return                  # labels stored as another integer type: their blocks were checked at open
 
         def read_bytes(pos: int, view: memoryview) -> None:
             r0 = (pos - ext.offset) // ext.row_bytes
