@@ -75,10 +75,12 @@ def test_bad_label_found_by_one_rank_mid_run_aborts_with_one_line(digits, tmp_pa
     assert secs < 120
 
 
-def test_bad_data_block_found_mid_epoch_aborts_before_its_step(tmp_path):
+@pytest.mark.parametrize("extra", [(), NODE_READER])
+def test_bad_data_block_found_mid_epoch_aborts_before_its_step(tmp_path, extra):
     """Index v3 with 1 KiB blocks: the open passes (metadata intact) and the rank whose read first
     touches the changed block raises in its loader thread, before the step that would use the
-    batch: one line naming itself, the shard and the block, all ranks aborted, status 2."""
+    batch: one line naming itself, the shard and the block, all ranks aborted, status 2. With one
+    reader per node, the reader's line (the other rank waits for its abort instead of printing)."""
     import h5py
     d = convert_digits(tmp_path / "data", block_kib=1)
     shard = os.path.join(d, "train-00001-of-00004.h5")
@@ -89,7 +91,7 @@ def test_bad_data_block_found_mid_epoch_aborts_before_its_step(tmp_path):
     entry = next(e for e in index["splits"]["train"]["shards"] if e["file"] == os.path.basename(shard))
     assert any(a <= k < b for a, b in entry["blocks"]["data"])        # a block checked on read
     flip(shard, pos)
-    r, secs = train(d, tmp_path / "run")
+    r, secs = train(d, tmp_path / "run", extra=extra)
     ours = [line for line in r.stderr.splitlines() if line.startswith("hpctrain")]
     assert r.returncode == 2, r.stderr[-2000:]
     assert "Traceback" not in r.stderr, r.stderr[-2000:]
