@@ -9,7 +9,7 @@ import sys
 
 from data_tools.sources import (MAX_CLASSES, MAX_SAMPLE_BYTES, SOURCES, STORE_DTYPES, SourceError, cast_source,
                                 check_sample_bytes, register_all)
-from hpctrain.data.index import ShardError
+from hpctrain.data.index import BLOCK_BYTES, ShardError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", type=int, default=0, help="seed of held-out splits and of the ImageFolder order")
     c.add_argument("--class-names", help="comma-separated class names (overrides the source's)")
     c.add_argument("--no-resume", action="store_true", help="reconvert shards even if already done")
+    c.add_argument("--block-kib", type=int, default=BLOCK_BYTES >> 10,
+                   help="KiB per block of the per-block SHA-256 digests that the loader checks as it reads "
+                        "(default %(default)s; smaller: fewer bytes read twice in the first epoch, a larger index)")
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
     v = sub.add_parser("verify", help="check every shard against the index (checksums, shapes, labels)")
     v.add_argument("dir")
@@ -66,6 +69,8 @@ def _convert(args) -> str:
         raise ValueError(f"--size {args.size[0]} {args.size[1]}: must be positive")
     if args.size:                            # 3 uint8 channels at most: refused before any source is read
         check_sample_bytes((3, *args.size), "uint8", f"--size {args.size[0]} {args.size[1]}")
+    if args.block_kib < 1:
+        raise ValueError(f"--block-kib {args.block_kib}: must be at least 1")
     if not 0 <= args.test_fraction < 1:
         raise ValueError(f"--test-fraction {args.test_fraction}: must be in [0, 1)")
     if args.test_src and args.test_file and args.test_src != args.test_file:
@@ -85,7 +90,7 @@ def _convert(args) -> str:
         tfile = os.path.abspath(test_file) if test_file else ""
         tag += f"|{tfile}|{os.path.getmtime(tfile) if tfile and os.path.exists(tfile) else ''}|{args.dtype or ''}"
     meta = convert(source, args.out, args.shards, comm=comm, tag=tag, resume=not args.no_resume,
-                   progress=not args.no_progress)
+                   progress=not args.no_progress, block_bytes=args.block_kib << 10)
     counts = ", ".join(f"{k} {v['num_samples']}" for k, v in meta["splits"].items())
     skipped = f" ({meta['skipped_shards']} finished shard(s) verified and kept)" if meta["skipped_shards"] else ""
     notes = "".join(f"\nnote: {n}" for n in source.notes)

@@ -21,8 +21,8 @@ import numpy as np
 
 from data_tools.sources import Source, SourceError, check_sample_bytes, from_arrays
 from hpctrain.data.plan import block_range
-from hpctrain.data.index import INDEX, file_sha256, shard_name, write_index
-from hpctrain.data.shardwriter import ShardWriter
+from hpctrain.data.index import BLOCK_BYTES, INDEX, file_sha256, shard_name, write_index
+from hpctrain.data.shardwriter import ShardWriter, shard_digests
 from hpctrain.errors import UserError
 from hpctrain.fileio import atomic_write_text
 
@@ -87,7 +87,9 @@ def _fingerprint(source: Source, job: tuple, tag: str) -> str:
     return hashlib.sha256(desc.encode()).hexdigest()
 
 
-def _load_record(out: str, name: str, fingerprint: str) -> dict | None:
+def _load_record(out: str, name: str, fingerprint: str, block_bytes: int) -> dict | None:
+    """The record of a finished shard that still matches, its block digests redone when it has none
+    of ``block_bytes`` (converted before index v3, or with another block size)."""
     path = os.path.join(out, RECORDS, name + ".json")
     try:
         with open(path) as fh:
@@ -97,20 +99,27 @@ def _load_record(out: str, name: str, fingerprint: str) -> dict | None:
     shard = os.path.join(out, name)
     if rec.get("fingerprint") != fingerprint or not os.path.exists(shard):
         return None
-    return rec if file_sha256(shard) == rec["entry"]["sha256"] else None
+    if (rec["entry"].get("blocks") or {}).get("bytes") == block_bytes:
+        return rec if file_sha256(shard) == rec["entry"]["sha256"] else None
+    digests = shard_digests(shard, block_bytes)
+    if digests["sha256"] != rec["entry"]["sha256"]:
+        return None
+    rec["entry"].update(digests)
+    atomic_write_text(path, json.dumps(rec))
+    return rec
 
 
 def _channels(source: Source) -> int:
     return source.sample_shape[0] if source.sample_shape else 1
 
 
-def _convert_job(source: Source, out: str, job: tuple, fingerprint: str, bar) -> dict:
+def _convert_job(source: Source, out: str, job: tuple, fingerprint: str, bar, block_bytes: int) -> dict:
     split, i, n, lo, hi = job
     sp = source.splits[split]
     sample_bytes = max(int(np.prod(source.sample_shape)) * np.dtype(source.dtype).itemsize, 1)
     step = max(1, CHUNK_BYTES // sample_bytes)
     moments = Moments(_channels(source))
-    w = ShardWriter(out, split, i, n, hi - lo, source.sample_shape, source.dtype, source.encoding)
+    w = ShardWriter(out, split, i, n, hi - lo, source.sample_shape, source.dtype, source.encoding, block_bytes)
     try:
         for a in range(lo, hi, step):
             b = min(hi, a + step)
@@ -152,11 +161,11 @@ def _index_meta(source: Source, jobs: list, records: list) -> dict:
 
 
 def convert(source: Source, out: str, n_shards: int = 1, *, comm=None, tag: str = "",
-            resume: bool = True, progress: bool = False) -> dict:
+            resume: bool = True, progress: bool = False, block_bytes: int = BLOCK_BYTES) -> dict:
     """Write ``source`` as shards in ``out``; collective over ``comm``. Returns the index dict.
 
     ``tag`` identifies the source and options (it goes into the fingerprint that ``resume``
-    compares). Raises :class:`ConvertError` on every rank when any rank failed.
+    compares). ``block_bytes``: the size of the per-block digests of the index (v3, ``index.py``). Raises :class:`ConvertError` on every rank when any rank failed.
     """
     from mpi4py import MPI
 
@@ -189,9 +198,9 @@ def convert(source: Source, out: str, n_shards: int = 1, *, comm=None, tag: str 
     try:
         for k in mine:
             fp = _fingerprint(source, jobs[k], tag)
-            rec = _load_record(out, shard_name(*jobs[k][:3]), fp) if resume else None
+            rec = _load_record(out, shard_name(*jobs[k][:3]), fp, block_bytes) if resume else None
             if rec is None:
-                rec = _convert_job(source, out, jobs[k], fp, bar)
+                rec = _convert_job(source, out, jobs[k], fp, bar, block_bytes)
             else:
                 skipped += 1
                 if bar is not None:

@@ -8,10 +8,11 @@ On a generated ImageNet-like dataset (3×224×224 uint8 samples, ``--size-gb`` G
   per-shard HDF5, with parallel HDF5 (``mpio``) and with node-level reading (one reader per node
   filling an MPI-3 shared window), all ranks reading their share at once;
 * the full loader (plus normalisation to float32 in its prefetch thread);
-* the integrity check (``shards.py``): the SHA-256 pass a job makes when it opens the split
-  (collective, each shard hashed by one rank), the first epoch including it, and the full loader
-  without a communicator, where each shard is hashed when its thread first opens it; every other
-  row reads with the check off — after the pass a job's reads are exactly those rows;
+* the integrity check (``shards.py``, ``blocks.py``): the first epoch with the per-block digests
+  of an index v3 (metadata blocks checked at open, each data block as it is first read); for
+  comparison the whole-file SHA-256 pass of a v1/v2 index (collective at open, each shard hashed
+  by one rank) and the first epoch including it; the full loader with its check. Every other row
+  reads with the check off — after the first epoch a job's reads are exactly those rows;
 * per-sample random ``x[i]``, ``y[i]`` h5py reads, the map-style-dataset anti-pattern,
 
 with a cold page cache (``/proc/sys/vm/drop_caches``, else ``posix_fadvise(DONTNEED)`` per file,
@@ -45,8 +46,9 @@ from hpctrain.topology import Topology
 SHAPE = (3, 224, 224)
 SMALL = (3, 32, 32)
 MB = 1e6
-CHECK, FIRST, PLAIN, LOADER = ("SHA-256 check at open", "first epoch incl. SHA-256 check at open",
-                               "block plan, per-rank reading, serial", "full loader")
+CHECK, FIRST, WHOLE, PLAIN, LOADER = (
+    "whole-file SHA-256 check at open (v1/v2 index)", "first epoch, SHA-256 per block as read (v3 index)",
+    "first epoch incl. whole-file SHA-256 check at open", "block plan, per-rank reading, serial", "full loader")
 
 
 def parse_args(argv):
@@ -99,7 +101,8 @@ def ensure(directory: str, n: int, shape: tuple, n_shards: int, comm) -> None:
         ok = False
         if os.path.exists(os.path.join(directory, INDEX)):
             idx = read_index(directory)
-            ok = idx.num_samples("train") == n and tuple(idx.sample_shape) == shape
+            ok = (idx.num_samples("train") == n and tuple(idx.sample_shape) == shape
+                  and all("blocks" in e for e in idx.split("train")["shards"]))      # made before index v3: redo
         if not ok:
             shutil.rmtree(directory, ignore_errors=True)
             t0 = time.perf_counter()
@@ -163,26 +166,28 @@ class Bench:
         self.row("cat > /dev/null (storage bound, 1 process)", cache, int(n_bytes // self.sample_bytes), dt, n_bytes)
 
     def check(self, cache):
-        """The SHA-256 pass of opening the split with a communicator (shards spread over the ranks)."""
+        """The whole-file SHA-256 pass of a v1/v2 index at open (shards spread over the ranks)."""
         self.prepare(cache)
         opened = []
-        n, dt = self.timed(lambda: opened.append(ShardSet(self.index, "train", comm=self.comm, driver="serial")) or 0)
+        n, dt = self.timed(lambda: opened.append(ShardSet(self.index, "train", comm=self.comm, driver="serial",
+                                                          per_block=False)) or 0)
         opened[0].close()
         n_bytes = sum(os.path.getsize(f) for f in self.files)
-        self.row(f"{CHECK}, each shard by 1 of {self.topo.size} rank(s), once per job", cache,
+        self.row(f"{CHECK}, each shard by 1 of {self.topo.size} rank(s)", cache,
                  self.index.num_samples("train"), dt, n_bytes)
 
-    def plan_checked(self, cache):
-        """A job's first epoch: the check at open, then the block plan (later epochs: the plain rows)."""
+    def plan_checked(self, cache, per_block: bool = True):
+        """A job's first epoch with its check (later epochs: the plain rows): per block as read
+        (v3), or the whole-file pass at open, then the block plan."""
         self.prepare(cache)
         opened = []
 
         def run():
-            opened.append(ShardSet(self.index, "train", comm=self.comm, driver="serial"))
+            opened.append(ShardSet(self.index, "train", comm=self.comm, driver="serial", per_block=per_block))
             return sum(len(y) for _, y in self.loader(opened[0]).raw_batches(0))
         n, dt = self.timed(run)
         opened[0].close()
-        self.row(f"{FIRST} (block plan, pread)", cache, n, dt)
+        self.row(f"{FIRST if per_block else WHOLE} (block plan, pread)", cache, n, dt)
 
     def loader(self, shards, node_comm=None) -> ShardLoader:
         a = self.args
@@ -220,7 +225,7 @@ class Bench:
         self.prepare(cache)
         n, dt = self.timed(lambda: sum(len(y) for _, y in ld.epoch(0)))
         self.row(f"{LOADER} (+ float32 normalisation, prefetch thread)" if verify == "off" else
-                 f"{LOADER}, SHA-256 at first open in its thread (first epoch)", cache, n, dt)
+                 f"{LOADER}, SHA-256 checked in its thread (first epoch)", cache, n, dt)
         ld.close()
         shards.close()
 
@@ -303,23 +308,29 @@ def table(rows: list, job: dict, header: str) -> str:
 
 
 def integrity(rows: list) -> list[str]:
-    """One line per cache state: the check's cost against the same run's unchecked rows."""
+    """One line per cache state: the checks' cost against the same run's unchecked rows (the mean
+    of the two unchecked block-plan rows around the checked one)."""
     out = []
     for cache in ("cold", "warm"):
-        got = {}
+        got, plain = {}, []
         for r in rows:
-            for m in (CHECK, FIRST, PLAIN):
-                if r["cache"] == cache and r["data"] == rows[0]["data"] and r["method"].startswith(m):
-                    got.setdefault(m, r)                          # the first: serial before auto
-        if CHECK not in got or PLAIN not in got:
+            if r["cache"] != cache or r["data"] != rows[0]["data"]:
+                continue
+            for m in (CHECK, FIRST, WHOLE):
+                if r["method"].startswith(m):
+                    got.setdefault(m, r)
+            if r["method"].startswith(PLAIN) and len(plain) < 2:   # serial rows before the auto one
+                plain.append(r["samples_per_s"])
+        if CHECK not in got or not plain:
             continue
-        line = (f"integrity ({cache}): the check at open took {got[CHECK]['seconds']:.2f} s "
-                f"({got[CHECK]['mb_per_s']:.0f} MB/s); a job's first epoch reads at "
-                f"{100 * got[FIRST]['samples_per_s'] / got[PLAIN]['samples_per_s']:.0f} % of the unchecked block plan, "
-                f"later epochs at 100 % (same reads)")
+        base = sum(plain) / len(plain)
+        line = (f"integrity ({cache}): first epoch with per-block SHA-256 as read (v3): "
+                f"{100 * got[FIRST]['samples_per_s'] / base:.0f} % of the unchecked block plan; with the "
+                f"whole-file check at open (v1/v2, {got[CHECK]['seconds']:.2f} s, {got[CHECK]['mb_per_s']:.0f} MB/s): "
+                f"{100 * got[WHOLE]['samples_per_s'] / base:.0f} %; later epochs 100 % (same reads)")
         loaders = [r for r in rows if r["cache"] == cache and r["method"].startswith(LOADER)]
         if len(loaders) == 2:
-            line += (f"; full loader checking at first open: "
+            line += (f"; full loader with its check: "
                      f"{100 * loaders[1]['samples_per_s'] / loaders[0]['samples_per_s']:.0f} % of unchecked")
         out.append(line)
     return out
@@ -334,8 +345,10 @@ def section(b: Bench, full: bool) -> None:
         b.cat(cache)
         b.plan(cache, "serial")
         if full:
+            b.plan_checked(cache)                           # interleaved with the unchecked rows
+            b.plan(cache, "serial")
             b.check(cache)
-            b.plan_checked(cache)
+            b.plan_checked(cache, per_block=False)
         if cache == "warm" and full:
             b.plan(cache, "auto")
             b.node(cache)

@@ -36,13 +36,21 @@ class DirectExtent:
     def end(self) -> int:
         return self.offset + self.row_bytes * self.n_rows
 
+    def span(self, lo: int, hi: int) -> tuple[int, int]:
+        """``(file offset, bytes)`` of rows ``[lo, hi)``."""
+        return self.offset + lo * self.row_bytes, (hi - lo) * self.row_bytes
+
     def read_into(self, lo: int, hi: int, out: np.ndarray) -> None:
         """Rows ``[lo, hi)`` into the C-contiguous ``out`` (exactly ``hi - lo`` rows)."""
-        view = memoryview(out).cast("B")
-        pos, want = self.offset + lo * self.row_bytes, (hi - lo) * self.row_bytes
-        done = 0
-        while done < want:
-            got = os.preadv(self.fd, [view[done:want]], pos + done)
-            if got <= 0:
-                raise OSError(f"short read: {done} of {want} bytes at offset {pos}")
-            done += got
+        pos, want = self.span(lo, hi)
+        pread_full(self.fd, memoryview(out).cast("B")[:want], pos)
+
+
+def pread_full(fd: int, view: memoryview, pos: int) -> None:
+    """Fill ``view`` with the file's bytes from ``pos`` (``preadv`` until done; short file: OSError)."""
+    done, want = 0, len(view)
+    while done < want:
+        got = os.preadv(fd, [view[done:]], pos + done)
+        if got <= 0:
+            raise OSError(f"short read: {done} of {want} bytes at offset {pos}")
+        done += got

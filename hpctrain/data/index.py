@@ -1,4 +1,4 @@
-"""The HDF5 shard format (version 2; version 1 is read too) and its index: names, fields, checks.
+"""The HDF5 shard format (version 3; versions 1 and 2 are read too) and its index: names, fields, checks.
 
 A dataset is a directory::
 
@@ -16,7 +16,12 @@ the directory are followed, as its owner may assemble a dataset from several fil
 Version 2 adds ``encoding``: ``"raw"`` (the v1 layout; a v1 index means raw) or ``"jpeg"``, where
 ``x`` is (N,) variable-length uint8 (h5py ``vlen_dtype``), one encoded image per sample, and
 ``sample_shape``/``dtype`` describe the *decoded* sample the loader produces (``images.py``).
-Files are written by ``shardwriter.py``. Samples are addressed by a global index per split;
+Version 3 adds to each shard entry ``blocks``: ``{"bytes": B, "file_bytes": S, "sha256": [...],
+"data": [[a, b], ...]}``, the SHA-256 of every ``B``-byte range of the ``S``-byte file (block k is
+bytes ``k*B .. min((k+1)*B, S)``) and the block ranges ``[a, b)`` that lie wholly inside the
+contiguous storage of ``x`` or ``y``: those are checked as the reader first reads them, all other
+blocks (HDF5 metadata, free space) when the file is opened (``shards.py``). ``blocks`` is optional
+(an entry without it is checked whole, as in v2). Files are written by ``shardwriter.py``. Samples are addressed by a global index per split;
 :meth:`hpctrain.data.shards.ShardSet.read_range` turns a contiguous index range into one slice
 per shard touched — never per-sample reads.
 """
@@ -31,8 +36,9 @@ from hpctrain.errors import LocalUserError
 from hpctrain.fileio import atomic_write_text
 
 FORMAT = "hpctrain-shards"
-VERSION = 2
-READABLE_VERSIONS = (1, 2)
+VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
+BLOCK_BYTES = 1 << 20          # per-block digests of v3: 1 MiB (≈ 67 bytes of index per MiB of data)
 ENCODINGS = ("raw", "jpeg")
 INDEX = "index.json"
 
@@ -53,6 +59,35 @@ def shard_name(split: str, i: int, n: int) -> str:
 def file_sha256(path: str) -> str:
     with open(path, "rb") as fh:
         return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def file_digests(path: str, block_bytes: int) -> tuple[str, list[str]]:
+    """The file's SHA-256 and that of each ``block_bytes`` range, in one read."""
+    whole, blocks = hashlib.sha256(), []
+    buf = memoryview(bytearray(block_bytes))
+    with open(path, "rb", buffering=0) as fh:
+        while True:
+            n = fh.readinto(buf)
+            if not n:
+                break
+            while n < block_bytes:             # a short read before the end (pipes, network FS)
+                more = fh.readinto(buf[n:])
+                if not more:
+                    break
+                n += more
+            whole.update(buf[:n])
+            blocks.append(hashlib.sha256(buf[:n]).hexdigest())
+    return whole.hexdigest(), blocks
+
+
+def data_block_ranges(extents, block_bytes: int) -> list[list[int]]:
+    """``[a, b)`` block ranges lying wholly inside the byte extents ``(offset, n_bytes)``."""
+    out = []
+    for offset, n in sorted(extents):
+        a, b = -(-offset // block_bytes), (offset + n) // block_bytes
+        if a < b:
+            out.append([a, b])
+    return out
 
 
 def write_index(directory: str, meta: dict) -> None:
@@ -137,12 +172,34 @@ def _check_split(path: str, name: str, sp) -> None:
                              f"directory (not absolute, no '..')")
         if not _is_count(e["num_samples"]):
             raise ShardError(f"{field}: field 'num_samples' is {e['num_samples']!r}, expected a count")
-        if not (isinstance(e["sha256"], str) and len(e["sha256"]) == 64
-                and all(c in "0123456789abcdefABCDEF" for c in e["sha256"])):
+        if not _is_sha256(e["sha256"]):
             raise ShardError(f"{field}: field 'sha256' is {e['sha256']!r}, expected 64 hex digits")
+        if "blocks" in e:
+            _check_blocks(f"{field} field 'blocks'", e["blocks"])
     counted = sum(e["num_samples"] for e in sp["shards"])
     if counted != sp["num_samples"]:
         raise ShardError(f"{where} says {sp['num_samples']} samples, shards hold {counted}")
+
+
+def _check_blocks(where: str, bl) -> None:
+    """A v3 ``blocks`` object: sizes, one digest per block of the file, data ranges in order."""
+    if not isinstance(bl, dict) or not all(k in bl for k in ("bytes", "file_bytes", "sha256", "data")):
+        raise ShardError(f"{where}: expected an object with 'bytes', 'file_bytes', 'sha256', 'data'")
+    if not (_is_count(bl["bytes"]) and bl["bytes"] > 0 and _is_count(bl["file_bytes"])):
+        raise ShardError(f"{where}: 'bytes' {bl['bytes']!r:.20} / 'file_bytes' {bl['file_bytes']!r:.20} "
+                         f"must be counts, 'bytes' > 0")
+    n = -(-bl["file_bytes"] // bl["bytes"])
+    if not isinstance(bl["sha256"], list) or len(bl["sha256"]) != n or not all(map(_is_sha256, bl["sha256"])):
+        raise ShardError(f"{where}: 'sha256' must list {n} digests of 64 hex digits (one per block)")
+    last = 0
+    for r in bl["data"] if isinstance(bl["data"], list) else [None]:
+        if not (isinstance(r, list) and len(r) == 2 and all(map(_is_count, r)) and last <= r[0] < r[1] <= n):
+            raise ShardError(f"{where}: 'data' must hold ascending block ranges [a, b) within 0..{n}, got {r!r:.40}")
+        last = r[1]
+
+
+def _is_sha256(v) -> bool:
+    return isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdefABCDEF" for c in v)
 
 
 def _is_count(v) -> bool:

@@ -29,6 +29,7 @@ from hpctrain.data.images import decode_batch
 from hpctrain.data.index import ShardError
 
 SEQ_STRIDE = 1 << 32
+ERROR_GRACE_S = 5.0   # a rank that sees the reader fail waits this long for the reader to end the job
 _ALIGN = 64
 
 
@@ -117,6 +118,7 @@ class NodeReader:
             if self.error[0]:
                 if self._exc is not None:
                     raise self._exc
+                time.sleep(ERROR_GRACE_S)     # the reader's own line and abort come first, usually alone
                 raise ShardError(f"node reader (world rank {self.ranks[0]}) failed; see its error")
             if cancel.is_set():
                 return False

@@ -1,27 +1,35 @@
 """Reading one split of a shard directory (format: :mod:`hpctrain.data.index`): validation of
 each file against the index, contiguous reads, integrity.
 
-Integrity (``ShardSet(verify=…)``, default ``"shared"``): no byte of a shard is used before the
-whole file's SHA-256 has matched the index. With a communicator the check runs when the set is
-opened, collectively: shard *k* is hashed by rank ``k % P`` of the ``P`` ranks and the verdicts
-are allgathered, so every rank raises the same :class:`ShardError` naming the first bad shard,
-even when only one rank saw it (``"node"``: the ranks of each node share the work over their own
-view of the files, for node-local copies; ``"off"``: no hashing). Without a communicator each
-shard is hashed by the process when it first opens it (in the loader's thread when the loader
-reads). Why whole files, once per job:
+Integrity (``ShardSet(verify=…)``, default ``"shared"``): no byte of a shard is used before it
+has matched a SHA-256 of the index. Two ways, by what the index holds:
 
-* it is the field every existing index has: v1 and v2 directories are checked as they are;
-* it covers every byte — HDF5 metadata, JPEG bytes in HDF5's global heap, free space — where
-  per-block digests would need a new index field and each sample's file offset, which JPEG
-  shards do not have, and HDF5 Fletcher32 needs chunked datasets (no ``pread`` path) and does
-  not cover metadata;
-* its cost is one extra read of the split per job, spread over all ranks (ImageNet, 1000 shards
-  of 140 MB on 2048 ranks: at most one shard per rank, ≈0.1 s of SHA-256), where hashing at first
-  open on every rank would read up to P times the dataset (the block plan takes every rank through
-  most shards) and per-read digests would cost every epoch.
+* **per block, as read** (index v3, raw samples; :mod:`hpctrain.data.blocks`): the index lists the
+  SHA-256 of every 1 MiB block of each file and which blocks lie inside the storage of ``x`` or
+  ``y``. All other blocks (HDF5 metadata, free space: a few per file) are checked before HDF5
+  parses the file — with a communicator collectively at construction, shard *k* by rank
+  ``k % P``, verdicts allgathered, so every rank raises the same :class:`ShardError` naming the
+  shard and block. A data block is checked when a read first touches it, from the bytes just read
+  into the loader's buffer (``pread``; with ``mpio``, the buffer HDF5 filled), the rest of a
+  block cut by the read's ends read on the side. So the first epoch reads the data once, not
+  twice; the hashing runs in a small thread pool beside the read. A mismatch is found by the rank
+  that reads the block, in its loader thread: the error takes the place of the batch, so no step
+  uses it; the training thread raises it and the abort hook ends every rank with that one line
+  (the others wait in the step's collectives), as for a label out of range.
+* **whole files, at open** (v1/v2 indexes, v3 entries without ``blocks``, JPEG shards whose
+  samples live in HDF5's heap): each shard's file SHA-256, collectively at construction as
+  above, or without a communicator when this process first opens the shard (in the loader's
+  thread when the loader reads). It costs one extra read of the split per job, shared over the
+  ranks.
 
-It does not see a file changed on disk after the check (labels stay range-checked on every read,
-and HDF5 checks its own structures).
+Why fixed byte blocks and not an incremental hash of each file: the block plan reads shuffled
+runs, never a file front to back, and SHA-256 cannot be assembled from pieces out of order.
+Why byte blocks and not per-sample digests: they cover every byte (metadata included), need no
+knowledge of the sample layout in the index, and a 1 MiB block costs 67 bytes of index (a 140 GB
+dataset: 9 MB) where per-sample digests would cost one per 150 KB image or 3 KB CIFAR sample.
+``"node"``: the ranks of each node share the at-open work over their own view of the files, for
+node-local copies; ``"off"``: no hashing. Neither way sees a file changed on disk after its check
+(labels stay range-checked on every read, and HDF5 checks its own structures).
 """
 from __future__ import annotations
 
@@ -34,9 +42,10 @@ from concurrent.futures import ThreadPoolExecutor
 import h5py
 import numpy as np
 
+from hpctrain.data.blocks import BlockCheck
 from hpctrain.data.direct import DirectExtent
 from hpctrain.data.hdf5 import choose_driver, open_read
-from hpctrain.data.index import ShardError, ShardIndex, file_sha256
+from hpctrain.data.index import ShardError, ShardIndex, file_digests, file_sha256
 
 VERIFY_MODES = ("shared", "node", "off")
 HASH_THREADS = max(1, min(4, os.cpu_count() or 1))   # files hashed at once by one process (no comm, 1 rank)
@@ -47,14 +56,16 @@ class ShardSet:
 
     Each opened file is checked against the index (sample count, shape, dtype) so a truncated or
     foreign file fails with its name; labels are range-checked on every read. ``verify`` (see the
-    module docstring): with ``comm`` given, construction is collective — every shard's SHA-256 is
-    checked here, shared over the ranks, before anything is opened; without, a shard is hashed by
-    this process when first opened. With the serial driver files open lazily; with ``mpio`` (see
-    ``hdf5.py``) all of them open collectively here, and :meth:`close` is collective too.
+    module docstring): with ``comm`` given, construction is collective — every shard's metadata
+    blocks (v3) or whole file (v1/v2) are checked here, shared over the ranks, before anything is
+    opened; without, by this process when it first opens the shard. Data blocks (v3) are checked
+    as they are first read. ``per_block=False`` ignores the block digests (the whole-file check).
+    With the serial driver files open lazily; with ``mpio`` (see ``hdf5.py``) all of them open
+    collectively here, and :meth:`close` is collective too.
     """
 
     def __init__(self, index: ShardIndex, split: str, *, comm=None, driver: str = "auto",
-                 verify: str = "shared"):
+                 verify: str = "shared", per_block: bool = True):
         if verify not in VERIFY_MODES:
             raise ValueError(f"shard verification {verify!r}: expected one of {' | '.join(VERIFY_MODES)}")
         self.index = index
@@ -71,7 +82,13 @@ class ShardSet:
         self._files: dict[int, h5py.File] = {}
         self._datasets: dict[int, tuple] = {}
         self._direct: dict[int, tuple] = {}       # (x, y) DirectExtent or None, serial driver only
+        self._stored: dict[int, tuple] = {}       # (x, y) extents whose bytes HDF5 reads as stored (mpio)
         self._fds: dict[int, int] = {}
+        self._hash_pool: ThreadPoolExecutor | None = None
+        # index v3, read by pread: data blocks checked as read, the rest at open (module docstring)
+        on_read = per_block and verify != "off" and index.encoding == "raw"
+        self._blocks = {i: BlockCheck(self.path(i), e["blocks"]) for i, e in enumerate(self.entries)
+                        if on_read and "blocks" in e}
         atexit.register(_close_at_exit, weakref.ref(self))   # before h5py tears files down at exit
         if verify != "off" and comm is not None:
             self._verify_collective()
@@ -89,6 +106,12 @@ class ShardSet:
                f"serial per-shard files, contiguous datasets read by pread ({self.driver_reason})")
         if self.verify_mode == "off":
             check = "SHA-256 not checked (verify off)"
+        elif self._blocks:
+            b = next(iter(self._blocks.values())).block_bytes
+            whole = len(self.entries) - len(self._blocks)
+            check = (f"SHA-256 of {b >> 10} KiB blocks: metadata blocks checked at open"
+                     f"{f' over {self.verify_ranks} rank(s)' if self.verify_ranks else ''}, data blocks as first read"
+                     f"{f'; {whole} shard(s) without block digests checked whole' if whole else ''}")
         elif self.verify_ranks:
             check = (f"SHA-256 of every shard checked at open, {self.verify_mode} over {self.verify_ranks} "
                      f"rank(s) ({self.verify_s:.2f} s here)")
@@ -110,14 +133,37 @@ class ShardSet:
             return f"{path}: cannot read shard ({exc.strerror or exc})"
         return None if got == want else f"{path}: checksum mismatch (file changed or truncated)"
 
-    def _first_problem(self, shards: list[int], threads: int) -> tuple[int, str] | None:
-        """Hash ``shards`` (``threads`` at once: hashlib and reads release the GIL); the lowest bad one."""
+    def _at_open_problem(self, i: int) -> str | None:
+        """The check made before shard ``i`` is opened: its non-data blocks (v3), else the whole file."""
+        blk = self._blocks.get(i)
+        return self._sha256_problem(i) if blk is None else blk.check(blk.at_open())
+
+    def _full_problem(self, i: int) -> str | None:
+        """The whole file's SHA-256 and, where the index has them, every block's, in one read."""
+        blocks = self.entries[i].get("blocks")
+        if blocks is None:
+            return self._sha256_problem(i)
+        path, check = self.path(i), BlockCheck(self.path(i), blocks)
+        problem = check.size_problem()
+        if problem:
+            return problem
+        try:
+            whole, got = file_digests(path, check.block_bytes)
+        except OSError as exc:
+            return f"{path}: cannot read shard ({exc.strerror or exc})"
+        bad = next((p for p in map(check.problem, range(len(got)), map(bytes.fromhex, got)) if p), None)
+        return bad or (None if whole == self.entries[i]["sha256"].lower() else
+                       f"{path}: checksum mismatch (file changed or truncated)")
+
+    def _first_problem(self, shards: list[int], threads: int, check=None) -> tuple[int, str] | None:
+        """Check ``shards`` (``threads`` at once: hashlib and reads release the GIL); the lowest bad one."""
+        check = check or self._at_open_problem
         t0 = time.perf_counter()
         if threads > 1 and len(shards) > 1:
             with ThreadPoolExecutor(min(threads, len(shards)), thread_name_prefix="hpctrain-sha256") as pool:
-                found = list(pool.map(self._sha256_problem, shards))
+                found = list(pool.map(check, shards))
         else:
-            found = [self._sha256_problem(i) for i in shards]
+            found = [check(i) for i in shards]
         self.verify_s += time.perf_counter() - t0
         return next(((i, p) for i, p in zip(shards, found) if p), None)
 
@@ -141,6 +187,8 @@ class ShardSet:
             raise ShardError(min(problems)[1])
         self.verify_ranks = size
         self.verified.update(range(len(self.entries)))
+        for blk in self._blocks.values():           # checked by another rank: agreed above
+            blk.mark_done(blk.at_open())
 
     def mark_verified(self, shards) -> None:
         """Trust ``shards`` as checked by another process reading the same files (the node reader)."""
@@ -170,7 +218,21 @@ class ShardSet:
         self._datasets[i] = (fh["x"], fh["y"])       # a lookup by name costs ~0.5 ms: do it once
         if self.driver == "serial":
             self._direct_extents(i, path)
+        elif i in self._blocks:
+            self._stored[i] = tuple(DirectExtent.of(ds, path, -1) for ds in self._datasets[i])
+        if i in self._blocks:
+            self._check_unread_blocks(i)
         return fh
+
+    def _check_unread_blocks(self, i: int) -> None:
+        """Data blocks that this set will not read by ``pread`` (read through HDF5) are checked now."""
+        (ex, ey), dy = self._direct.get(i) or self._stored.get(i, (None, None)), self._datasets[i][1]
+        extents = [(e.offset, e.end()) for e in (ex, ey if dy.dtype == np.int64 else None) if e is not None]
+        blk = self._blocks[i]
+        problem = blk.check(blk.only_read_by(extents))
+        if problem:
+            self.close_one(i)
+            raise ShardError(problem)
 
     def _direct_extents(self, i: int, path: str) -> None:
         fd = os.open(path, os.O_RDONLY)
@@ -187,6 +249,7 @@ class ShardSet:
     def close_one(self, i: int) -> None:
         self._datasets.pop(i, None)
         self._direct.pop(i, None)
+        self._stored.pop(i, None)
         if i in self._fds:
             os.close(self._fds.pop(i))
         if i in self._files:
@@ -252,18 +315,52 @@ class ShardSet:
             n = hi - lo
             try:
                 if ex is not None:
-                    ex.read_into(lo, hi, x[off:off + n])
+                    self._read_direct(i, ex, lo, hi, x[off:off + n])
                 elif self.index.encoding == "jpeg":
                     x[off:off + n] = dx[lo:hi]
                 elif n:
                     dx.read_direct(x, np.s_[lo:hi], np.s_[off:off + n])
+                    self._check_stored(i, 0, lo, hi, x[off:off + n])
                 if ey is not None and dy.dtype == np.int64:
-                    ey.read_into(lo, hi, y[off:off + n])
+                    self._read_direct(i, ey, lo, hi, y[off:off + n])
                 else:
                     y[off:off + n] = dy[lo:hi]
+                    self._check_stored(i, 1, lo, hi, y[off:off + n])
             except OSError as exc:
                 raise ShardError(f"{self.path(i)}: read of samples {lo}..{hi} failed (truncated? {exc})") from None
             self._check_labels(y[off:off + n], i, lo)
+
+    def _read_direct(self, i: int, ext: DirectExtent, lo: int, hi: int, out: np.ndarray) -> None:
+        """Rows ``[lo, hi)`` by ``pread``, checking the blocks not yet checked (v3)."""
+        blk = self._blocks.get(i)
+        if blk is not None:
+            pos, n = ext.span(lo, hi)
+            if blk.read_into(ext.fd, pos, memoryview(out).cast("B")[:n], self._pool()):
+                return
+        ext.read_into(lo, hi, out)
+
+    def _pool(self) -> ThreadPoolExecutor | None:
+        if self._hash_pool is None and HASH_THREADS > 1:
+            self._hash_pool = ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="hpctrain-block")
+        return self._hash_pool
+
+    def _check_stored(self, i: int, which: int, lo: int, hi: int, out: np.ndarray) -> None:
+        """After HDF5 read rows ``[lo, hi)`` of a dataset stored as read (``mpio``): check the blocks
+        they touch; the rest of a block cut by the range is read through HDF5 too."""
+        blk, ext = self._blocks.get(i), self._stored.get(i, (None, None))[which]
+        ds = self._datasets[i][which]
+        if blk is None or ext is None or hi <= lo or (which == 1 and ds.dtype != np.int64):
+            return                  # labels stored as another integer type: their blocks were checked at open
+
+        def read_bytes(pos: int, view: memoryview) -> None:
+            r0 = (pos - ext.offset) // ext.row_bytes
+            r1 = -(-(pos + len(view) - ext.offset) // ext.row_bytes)
+            raw = memoryview(np.ascontiguousarray(ds[r0:r1])).cast("B")
+            skip = pos - ext.offset - r0 * ext.row_bytes
+            view[:] = raw[skip:skip + len(view)]
+
+        pos, n = ext.span(lo, hi)
+        blk.check_read(pos, memoryview(out).cast("B")[:n], read_bytes, self._pool())
 
     def check(self) -> None:
         """Open every shard and check it against the index (cheap: metadata only)."""
@@ -277,16 +374,22 @@ class ShardSet:
             self._check_labels(self._datasets[i][1][:], i, 0)
 
     def verify(self) -> None:
-        """Check every shard's SHA-256 against the index now (reads every byte; local, threaded)."""
-        problem = self._first_problem(list(range(len(self.entries))), HASH_THREADS)
+        """Check every shard's SHA-256, and every block's (v3), against the index now (reads every
+        byte once; local, threaded)."""
+        problem = self._first_problem(list(range(len(self.entries))), HASH_THREADS, self._full_problem)
         if problem:
             raise ShardError(problem[1])
         self.verified.update(range(len(self.entries)))
+        for blk in self._blocks.values():
+            blk.mark_done(range(len(blk.want)))
 
     def close(self) -> None:
         """Close the open files (collective with ``mpio``: every rank must call it)."""
         for i in sorted(self._files):
             self.close_one(i)
+        if self._hash_pool is not None:
+            self._hash_pool.shutdown()
+            self._hash_pool = None
 
 
 def _close_at_exit(ref) -> None:

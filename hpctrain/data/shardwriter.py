@@ -1,5 +1,5 @@
 """Writing shard files: in chunks to a temporary name, renamed into place when complete
-(:mod:`hpctrain.fileio`)."""
+(:mod:`hpctrain.fileio`); the entry carries the file's SHA-256 and its per-block digests (index v3)."""
 from __future__ import annotations
 
 import os
@@ -7,7 +7,8 @@ import os
 import h5py
 import numpy as np
 
-from hpctrain.data.index import FORMAT, VERSION, ShardError, file_sha256, shard_name
+from hpctrain.data.index import (BLOCK_BYTES, FORMAT, VERSION, ShardError, data_block_ranges, file_digests,
+                                 shard_name)
 from hpctrain.fileio import commit, discard, temp_path
 
 
@@ -20,7 +21,8 @@ class ShardWriter:
     """
 
     def __init__(self, directory: str, split: str, i: int, n: int, num_samples: int,
-                 sample_shape: tuple, dtype, encoding: str = "raw"):
+                 sample_shape: tuple, dtype, encoding: str = "raw", block_bytes: int = BLOCK_BYTES):
+        self.block_bytes = int(block_bytes)
         self.name = shard_name(split, i, n)
         self.path = os.path.join(directory, self.name)
         self.tmp = temp_path(self.path)
@@ -50,17 +52,37 @@ class ShardWriter:
             raise ShardError(f"{self.path}: wrote {self.pos} samples, expected {self.num_samples}")
         self.fh.close()
         commit(self.tmp, self.path)
-        return {"file": self.name, "num_samples": self.num_samples, "sha256": file_sha256(self.path)}
+        return {"file": self.name, "num_samples": self.num_samples, **shard_digests(self.path, self.block_bytes)}
 
     def abort(self) -> None:
         self.fh.close()
         discard(self.tmp)
 
 
-def write_shard(directory: str, split: str, i: int, n: int, x, y: np.ndarray, encoding: str = "raw") -> dict:
+def shard_digests(path: str, block_bytes: int = BLOCK_BYTES) -> dict:
+    """``sha256`` and ``blocks`` of a finished shard's index entry. The data ranges are the blocks
+    wholly inside the contiguous storage of ``x`` and ``y`` (none for a variable-length ``x``; none
+    at all for a file HDF5 cannot open: every block is then checked at open)."""
+    whole, blocks = file_digests(path, block_bytes)
+    extents = []
+    try:
+        with h5py.File(path, "r") as fh:
+            for ds in (fh[k] for k in ("x", "y") if k in fh):
+                offset = ds.id.get_offset() if ds.chunks is None and not ds.dtype.hasobject else None
+                if offset is not None:
+                    extents.append((int(offset), int(ds.id.get_storage_size())))
+    except OSError:
+        extents = []
+    return {"sha256": whole, "blocks": {"bytes": block_bytes, "file_bytes": os.path.getsize(path), "sha256": blocks,
+                                        "data": data_block_ranges(extents, block_bytes)}}
+
+
+def write_shard(directory: str, split: str, i: int, n: int, x, y: np.ndarray, encoding: str = "raw",
+                block_bytes: int = BLOCK_BYTES) -> dict:
     """Write one whole shard atomically; returns its index entry."""
     shape = () if encoding == "jpeg" else np.shape(x)[1:]
-    w = ShardWriter(directory, split, i, n, len(y), shape, None if encoding == "jpeg" else x.dtype, encoding)
+    w = ShardWriter(directory, split, i, n, len(y), shape, None if encoding == "jpeg" else x.dtype, encoding,
+                    block_bytes)
     try:
         w.write(x, y)
     except BaseException:

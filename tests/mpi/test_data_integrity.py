@@ -43,6 +43,7 @@ def corrupted(base: str, where: str) -> str:
     """A copy of the clean dataset with one byte of ``SHARD`` flipped (rank 0 writes; all wait)."""
     comm = MPI.COMM_WORLD
     d = os.path.join(base, where.replace(" ", "-"))
+    comm.Barrier()                          # no rank still reads the previous test's copy
     if comm.Get_rank() == 0:
         shutil.rmtree(d, ignore_errors=True)
         shutil.copytree(os.path.join(base, "clean"), d)
@@ -84,7 +85,9 @@ def test_intact_data_reads_identically(base, driver):
     plain = ShardSet(idx, "train", verify="off", driver="serial")
     try:
         assert checked.driver == driver and checked.verified == set(range(4))
-        assert checked.verify_ranks == comm.Get_size() and "checked at open, shared over" in checked.describe()
+        n = comm.Get_size()                      # index v3: metadata blocks at open, the rest as read
+        said = f"metadata blocks checked at open over {n} rank(s), data blocks as first read"
+        assert checked.verify_ranks == n and said in checked.describe()
         lo, hi = 7 * comm.Get_rank(), checked.num_samples - 3
         for got, want in zip(checked.read_range(lo, hi), plain.read_range(lo, hi)):
             np.testing.assert_array_equal(got, want)
@@ -117,3 +120,72 @@ def test_node_readers_verdict_is_shared_with_the_node():
         comm.Barrier()
         if comm.Get_rank() == 0:
             shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def small_blocks():
+    """The digits with 1 KiB blocks (index v3): data blocks are checked as read, not at open."""
+    comm = MPI.COMM_WORLD
+    path = comm.bcast(tempfile.mkdtemp(prefix="hpctrain-blocks-") if comm.Get_rank() == 0 else None, root=0)
+    if comm.Get_rank() == 0:
+        convert(SOURCES["digits"](None), os.path.join(path, "clean"), 4, resume=False, block_bytes=1024)
+    comm.Barrier()
+    yield path
+    comm.Barrier()
+    if comm.Get_rank() == 0:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_bad_data_block_stops_the_rank_that_reads_it(small_blocks, driver):
+    """The collective open passes (metadata intact); only the rank whose read touches the block
+    raises, naming file and block (serial: read by pread; mpio: hashed as HDF5 read it)."""
+    comm = MPI.COMM_WORLD
+    d = corrupted(small_blocks, "x sample")
+    path = os.path.join(d, SHARD)
+    s = ShardSet(read_index(d), "train", comm=comm, driver=driver)
+    try:
+        start = int(s.starts[2])
+        if comm.Get_rank() == 0:
+            with pytest.raises(ShardError) as err:
+                s.read_range(start, start + 20)                     # holds sample 9 of shard 2
+            k = (corrupted_offset(path)) // 1024
+            assert str(err.value) == (f"{path}: checksum mismatch in block {k} (bytes {k * 1024}..{(k + 1) * 1024}; "
+                                      f"file changed or corrupted)")
+        else:
+            s.read_range(0, start)                                  # shards 0 and 1: intact
+    finally:
+        s.close()
+
+
+def corrupted_offset(path: str) -> int:
+    with h5py.File(path, "r") as fh:
+        return fh["x"].id.get_offset() + 64 * 9 + 5
+
+
+@pytest.mark.mpi
+def test_bad_metadata_block_is_agreed_at_open(small_blocks):
+    comm = MPI.COMM_WORLD
+    d = corrupted(small_blocks, "object header")
+    with pytest.raises(ShardError) as err:
+        ShardSet(read_index(d), "train", comm=comm, driver="serial").close()
+    assert str(err.value).startswith(os.path.join(d, SHARD) + ": checksum mismatch in block 0 (bytes 0..1024;")
+    assert len(set(comm.allgather(str(err.value)))) == 1
+
+
+@pytest.mark.mpi
+def test_clean_small_blocks_read_identically(small_blocks):
+    comm = MPI.COMM_WORLD
+    idx = read_index(os.path.join(small_blocks, "clean"))
+    checked = ShardSet(idx, "train", comm=comm, driver="serial")
+    plain = ShardSet(idx, "train", verify="off", driver="serial")
+    try:
+        assert f"over {comm.Get_size()} rank(s), data blocks as first read" in checked.describe()
+        lo, hi = 7 * comm.Get_rank(), checked.num_samples - 3
+        for got, want in zip(checked.read_range(lo, hi), plain.read_range(lo, hi)):
+            np.testing.assert_array_equal(got, want)
+        assert all(c.done[c.data].sum() > 0 for c in checked._blocks.values())
+    finally:
+        plain.close()
+        checked.close()

@@ -15,11 +15,11 @@ def test_bench_io_tiny(tmp_path, capsys):
     assert ("3x224x224", "block plan") in methods and ("3x32x32", "per-sample random h5py reads (anti-pattern)") in methods
     assert all(r["samples_per_s"] > 0 and r["cache"] == "warm" for r in rows)
     big = [r for r in rows if r["data"] == "3x224x224" and r["method"].startswith(("block plan", "first epoch"))]
-    assert len(big) == 4 and all(r["samples"] == big[0]["samples"] for r in big)   # same epoch, four readers
-    check = [r for r in rows if r["method"].startswith("SHA-256 check at open")]
+    assert len(big) == 6 and all(r["samples"] == big[0]["samples"] for r in big)   # same epoch, six readers
+    check = [r for r in rows if r["method"].startswith("whole-file SHA-256 check at open")]
     assert len(check) == 1 and check[0]["data"] == "3x224x224" and check[0]["mb_per_s"] > 0
     assert len([r for r in rows if r["method"].startswith("full loader")]) == 2
-    assert "integrity (warm): the check at open took" in text and "later epochs at 100 %" in text
+    assert "integrity (warm): first epoch with per-block SHA-256 as read (v3)" in text and "later epochs 100 %" in text
     assert "data-wait share" in text and "vs random" in text
     assert main(args) == 0 and "generated" not in capsys.readouterr().out          # reused, not regenerated
     assert main(["--clean", "--dir", str(tmp_path / "ds")]) == 0 and not (tmp_path / "ds").exists()

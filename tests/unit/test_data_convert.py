@@ -1,4 +1,5 @@
 """The converter's contract: index last, no index after a failure, resume verifies and skips."""
+import json
 import os
 
 import numpy as np
@@ -118,4 +119,27 @@ def test_cli_verify_and_inspect(tmp_path, capsys):
         fh.write(b"\x01")
     assert tools_main(["verify", out]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"data_tools: error: {path}: checksum mismatch (file changed or truncated)"]
+    assert len(err) == 1 and err[0].startswith(f"data_tools: error: {path}: checksum mismatch in block 0 (bytes 0..")
+
+
+def test_resume_adds_block_digests_to_shards_made_before_index_v3(tmp_path):
+    """Records without ``blocks`` (a pre-v3 conversion) or of another block size: the rerun keeps
+    the shard files, reads each once and records its blocks, as a fresh conversion would."""
+    x, y = arrays()
+    out = str(tmp_path / "ds")
+    convert(source_with(x, y)[0], out, 5, block_bytes=512)
+    fresh = read_index(out).split("train")["shards"]
+    records = os.path.join(out, ".convert")
+    for name in os.listdir(records):
+        path = os.path.join(records, name)
+        rec = json.load(open(path))
+        del rec["entry"]["blocks"]
+        json.dump(rec, open(path, "w"))
+    stamps = {f: os.stat(os.path.join(out, f)).st_mtime_ns for f in os.listdir(out) if f.endswith(".h5")}
+    src, counter = source_with(x, y)
+    assert convert(src, out, 5, block_bytes=512)["skipped_shards"] == 5 and counter.calls == []
+    assert read_index(out).split("train")["shards"] == fresh
+    assert stamps == {f: os.stat(os.path.join(out, f)).st_mtime_ns for f in stamps}
+    src, counter = source_with(x, y)
+    assert convert(src, out, 5, block_bytes=1024)["skipped_shards"] == 5 and counter.calls == []
+    assert all(e["blocks"]["bytes"] == 1024 for e in read_index(out).split("train")["shards"])

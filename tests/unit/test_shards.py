@@ -105,12 +105,13 @@ def test_index_count_mismatch(npz_dataset):
 
 
 def _rehash(d):
-    """Record the files' current SHA-256 in the index: the structural checks behind the checksum run."""
-    from hpctrain.data.index import file_sha256
+    """Record the files' current digests (SHA-256 and blocks) in the index: the structural checks
+    behind the checksum run."""
+    from hpctrain.data.shardwriter import shard_digests
     meta = json.load(open(os.path.join(d, "index.json")))
     for sp in meta["splits"].values():
         for e in sp["shards"]:
-            e["sha256"] = file_sha256(os.path.join(d, e["file"]))
+            e.update(shard_digests(os.path.join(d, e["file"]), e["blocks"]["bytes"]))
     json.dump(meta, open(os.path.join(d, "index.json"), "w"))
 
 
@@ -162,9 +163,9 @@ def test_version1_index_still_reads(npz_dataset):
     idx = read_index(d)
     assert idx.encoding == "raw"
     np.testing.assert_array_equal(ShardSet(idx, "train").read_range(0, 5)[0], x[:5])
-    meta["version"] = 3
+    meta["version"] = 4
     json.dump(meta, open(os.path.join(d, "index.json"), "w"))
-    with pytest.raises(ShardError, match="field 'version' is 3"):
+    with pytest.raises(ShardError, match="field 'version' is 4"):
         read_index(d)
 
 

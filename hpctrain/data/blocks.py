@@ -1,0 +1,153 @@
+"""Per-block SHA-256 of one shard file (index v3): verify on read, not before.
+
+The index lists the SHA-256 of every fixed ``B``-byte block of the file and which blocks lie
+wholly inside the contiguous storage of ``x`` or ``y`` ("data" blocks, ``index.py``). The others
+— HDF5 metadata, the edges of the datasets, free space: a few blocks per file — are checked
+before HDF5 parses the file (:meth:`BlockCheck.check`). A data block is checked the first time a
+read touches it (:meth:`BlockCheck.read_into`): the bytes the loader asked for go straight into
+its buffer and are hashed there, cache-hot, and only the rest of a block cut by the read's ends
+is read on the side, once. The blocks of one read are read and hashed by a small thread pool
+(``hashlib`` and ``preadv`` release the GIL), so the hashing runs beside the reading instead of
+after it. A block that does not match raises a :class:`ShardError` naming the file and the block
+before :meth:`read_into` returns, so no sample of it reaches a batch.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+
+import numpy as np
+
+from hpctrain.data.direct import pread_full
+from hpctrain.data.index import ShardError
+
+
+class BlockCheck:
+    """The block digests of one shard and which of them have matched in this process."""
+
+    def __init__(self, path: str, blocks: dict):
+        self.path, self.block_bytes, self.file_bytes = path, int(blocks["bytes"]), int(blocks["file_bytes"])
+        self.want = [bytes.fromhex(h) for h in blocks["sha256"]]
+        self.done = np.zeros(len(self.want), bool)
+        self.data = np.zeros(len(self.want), bool)
+        for a, b in blocks["data"]:
+            self.data[a:b] = True
+
+    def span(self, k: int) -> tuple[int, int]:
+        return k * self.block_bytes, min((k + 1) * self.block_bytes, self.file_bytes)
+
+    def problem(self, k: int, digest: bytes) -> str | None:
+        if digest == self.want[k]:
+            return None
+        a, b = self.span(k)
+        return f"{self.path}: checksum mismatch in block {k} (bytes {a}..{b}; file changed or corrupted)"
+
+    def size_problem(self) -> str | None:
+        try:
+            size = os.path.getsize(self.path)
+        except FileNotFoundError:
+            return f"{self.path}: shard file missing"
+        except OSError as exc:
+            return f"{self.path}: cannot read shard ({exc.strerror or exc})"
+        if size != self.file_bytes:
+            return f"{self.path}: checksum mismatch: file has {size} bytes, index says {self.file_bytes} (changed or truncated)"
+        return None
+
+    def at_open(self) -> list[int]:
+        """The blocks checked before the file is parsed: all but the data blocks."""
+        return [int(k) for k in np.flatnonzero(~self.data)]
+
+    def only_read_by(self, extents) -> list[int]:
+        """Data blocks outside the ``(offset, end)`` byte ranges this process reads itself (with
+        ``pread``): read through HDF5 instead, they must be checked at open; unchecked ones returned."""
+        inside = np.zeros(len(self.want), bool)
+        for a, e in extents:
+            lo, hi = -(-a // self.block_bytes), e // self.block_bytes
+            inside[lo:hi] = True
+        self.data &= inside
+        return [int(k) for k in np.flatnonzero(~self.data & ~self.done)]
+
+    def check(self, blocks) -> str | None:
+        """Read and hash ``blocks`` now; the first problem, or None (then they count as done)."""
+        problem = self.size_problem()
+        if problem or not len(blocks):
+            return problem
+        buf = memoryview(bytearray(self.block_bytes))
+        with open(self.path, "rb", buffering=0) as fh:
+            for k in blocks:
+                a, b = self.span(k)
+                try:
+                    pread_full(fh.fileno(), buf[:b - a], a)
+                except OSError as exc:
+                    return f"{self.path}: cannot read block {k} ({exc.strerror or exc})"
+                problem = self.problem(k, hashlib.sha256(buf[:b - a]).digest())
+                if problem:
+                    return problem
+        self.done[list(blocks)] = True
+        return None
+
+    def mark_done(self, blocks) -> None:
+        self.done[list(blocks)] = True
+
+    def check_read(self, pos: int, view: memoryview, read_bytes, pool) -> None:
+        """``view`` holds the file's bytes ``[pos, pos + len(view))``, read by HDF5 (``mpio``): check
+        the blocks they touch that have not matched yet, reading the rest of a block cut by the range
+        with ``read_bytes(pos, view)``. Raises the first mismatch as a :class:`ShardError`."""
+        end = pos + len(view)
+        first, last = pos // self.block_bytes, (end - 1) // self.block_bytes
+        pending = [k for k in range(first, last + 1) if not self.done[k]] if len(view) else []
+        parts = {}
+        for k in pending:
+            a, b = self.span(k)
+            s, e = max(pos, a), min(end, b)
+            head, tail = memoryview(bytearray(s - a)), memoryview(bytearray(b - e))
+            if len(head):
+                read_bytes(a, head)
+            if len(tail):
+                read_bytes(e, tail)
+            parts[k] = (head, view[s - pos:e - pos], tail)
+
+        def one(k: int) -> str | None:
+            h = hashlib.sha256()
+            for part in parts[k]:
+                h.update(part)
+            return self.problem(k, h.digest())
+
+        found = list(pool.map(one, pending)) if pool is not None and len(pending) > 1 else [one(k) for k in pending]
+        bad = next((p for p in found if p), None)
+        if bad:
+            raise ShardError(bad)
+        self.mark_done(pending)
+
+    def read_into(self, fd: int, pos: int, view: memoryview, pool) -> bool:
+        """Read bytes ``[pos, pos + len(view))`` into ``view``, checking every block they touch that
+        has not matched yet; ``False`` (nothing read) when none is left to check. Raises the
+        first mismatch as a :class:`ShardError`."""
+        end = pos + len(view)
+        first, last = pos // self.block_bytes, (end - 1) // self.block_bytes
+        if not len(view) or self.done[first:last + 1].all():
+            return False
+
+        def one(k: int) -> str | None:
+            a, b = self.span(k)
+            s, e = max(pos, a), min(end, b)
+            out = view[s - pos:e - pos]
+            if self.done[k]:
+                pread_full(fd, out, s)
+                return None
+            head, tail = memoryview(bytearray(s - a)), memoryview(bytearray(b - e))
+            pread_full(fd, head, a)
+            pread_full(fd, out, s)
+            pread_full(fd, tail, e)
+            h = hashlib.sha256(head)
+            h.update(out)
+            h.update(tail)
+            return self.problem(k, h.digest())
+
+        blocks = range(first, last + 1)
+        found = list(pool.map(one, blocks)) if pool is not None and len(blocks) > 1 else [one(k) for k in blocks]
+        bad = next((p for p in found if p), None)
+        if bad:
+            raise ShardError(bad)
+        self.done[first:last + 1] = True
+        return True
