@@ -169,8 +169,8 @@ def run_job(args, impl: str, python: str, r: int) -> dict:
                "--warmup", str(args.warmup)] + (["--fp16"] if args.fp16 else [])
         p = subprocess.run(cmd, capture_output=True, text=True, env=worker_env())
         if p.returncode != 0:
-            raise SystemExit(f"bench compat: the {impl} job failed (status {p.returncode}): "
-                             f"{(p.stderr or p.stdout).strip().splitlines()[-1:]}")
+            last = ((p.stderr or p.stdout).strip().splitlines() or ["no output"])[-1]
+            raise SystemExit(f"bench compat: the {impl} job failed (status {p.returncode}): {last}")
         with open(out) as f:
             return json.load(f)
 
