@@ -10,6 +10,7 @@ import base64
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -54,9 +55,12 @@ def pip(target_python, *args, check=True):
 
 @pytest.fixture(scope="module")
 def hpctrain_wheel(tmp_path_factory):
-    out = tmp_path_factory.mktemp("wheel")
+    out, src = tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("src") / "hpctrain"
+    # built from a copy: setuptools leaves build/ and *.egg-info beside the sources it builds
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv*", "build", "*.egg-info", "runs",
+                                                             "site", "__pycache__"))
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                        "--no-index", "-w", str(out), ROOT], capture_output=True, text=True, timeout=180)
+                        "--no-index", "-w", str(out), str(src)], capture_output=True, text=True, timeout=180)
     if r.returncode != 0 and "No module named" in r.stderr:
         pytest.skip(f"cannot build the wheel here: {r.stderr.strip().splitlines()[-1]}")
     assert r.returncode == 0, r.stderr[-2000:]
