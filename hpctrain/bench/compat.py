@@ -88,20 +88,20 @@ def trainer_step(model, data, target, fp16: bool, topo):
     return (lambda: trainer.step(data, target)), trainer.close
 
 
-def timed(comm, step, n: int) -> float:
-    """Seconds for ``n`` steps, the slowest rank's."""
-    from mpi4py import MPI
-    comm.Barrier()
+def timed(step) -> float:
+    """Seconds for one step on this rank. No MPI call of its own between steps: an extra
+    barrier per step from the training thread slowed real Horovod (whose background thread
+    makes MPI calls too) by up to 2x here, against Horovod's own benchmark loop."""
     t0 = time.perf_counter()
-    for _ in range(n):
-        step()
-    return comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+    step()
+    return time.perf_counter() - t0
 
 
 def worker(args) -> dict:
     """{model: {contender: seconds per step}} for this job's implementation."""
     import copy
 
+    import numpy as np
     import torch
     from mpi4py import MPI
     torch.set_num_threads(1)
@@ -123,14 +123,21 @@ def worker(args) -> dict:
             contenders[TRAINER] = trainer_step(copy.deepcopy(base), data, target, args.fp16, topo)
         try:
             for step, _ in contenders.values():
-                timed(comm, step, args.warmup)
+                for _ in range(args.warmup):
+                    step()
             names = list(contenders)
             seconds = {c: [] for c in names}
+            comm.Barrier()
             for i in range(args.steps):                      # step by step, ABBA: a burst of
                 pair = names if (i + args.round) % 2 == 0 else names[::-1]  # load hits both alike
                 for c in pair:
-                    seconds[c].append(timed(comm, contenders[c][0], 1))
-            out[name] = {c: statistics.median(t) for c, t in seconds.items()}
+                    seconds[c].append(timed(contenders[c][0]))
+            # each step's time is the slowest rank's (one reduction per contender, after timing)
+            for c, t in seconds.items():
+                slowest = np.array(t)
+                comm.Allreduce(MPI.IN_PLACE, slowest, op=MPI.MAX)
+                seconds[c] = float(np.median(slowest))
+            out[name] = seconds
         finally:
             for _, close in contenders.values():
                 close()
