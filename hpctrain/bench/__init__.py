@@ -6,6 +6,7 @@ import sys
 
 BENCHES = {
     "allreduce": "hpctrain.bench.allreduce",
+    "compat": "hpctrain.bench.compat",
     "ddp": "hpctrain.bench.ddp",
     "io": "hpctrain.bench.io",
     "kernels": "hpctrain.bench.kernels",

@@ -2,3 +2,13 @@
 ``import horovod.torch as hvd`` runs a Horovod script on hpctrain's topology and gradient sync,
 with no C++ build and no ``horovodrun`` (launch with ``mpiexec``, ``srun`` or ``jobs/``).
 See :mod:`hpctrain.horovod.torch` and docs/horovod.md."""
+from __future__ import annotations
+
+
+def run(func, *args, **kwargs):
+    """``horovod.run(func, np=..., hosts=...)`` starts its own processes; hpctrain jobs are
+    started by the MPI launcher instead (scripts that only reach ``horovod.run`` behind an option,
+    like Horovod's MNIST example, run unchanged with ``import hpctrain.horovod as horovod``)."""
+    from hpctrain.horovod.torch.errors import unsupported
+    raise unsupported("horovod.run", "launch the script itself: mpiexec -n N python script.py "
+                      "(or srun, or the batch scripts in jobs/ with --script)")
