@@ -13,7 +13,7 @@ ARGS = ["-m", "hpctrain", "--no-progress"]
 
 
 def test_second_job_on_a_run_dir_stops_naming_the_holder(tmp_path):
-    first = start_training(tmp_path, 1, "--epochs", "50")
+    first = start_training(tmp_path, 1, "--epochs", "2000")
     try:
         [pid] = rank_pids(first.pid)
         before = {n: (tmp_path / n).read_bytes() for n in ("run_id", ".lock")}

@@ -43,7 +43,7 @@ def finish(proc):
     return err
 
 
-TRAIN = [sys.executable, "-m", "hpctrain", "--no-progress", "--epochs", "50", "--run-dir"]
+TRAIN = [sys.executable, "-m", "hpctrain", "--no-progress", "--epochs", "2000", "--run-dir"]
 
 
 @pytest.mark.parametrize("how", ["kill -TERM mpiexec", "Ctrl-C", "kill -TERM timeout"])
@@ -75,7 +75,7 @@ def test_batch_script_repairs_the_status_of_a_signalled_mpirun(tmp_path):
     prolog killing the step): the script returns the run's 3, not the launcher's 1 or 0."""
     env = {"HPCTRAIN_MPI": IMPL, "HPCTRAIN_MPIEXEC": MPIEXEC, "HPCTRAIN_PYTHON": sys.executable}
     proc = launch(["bash", os.path.join(ROOT, "jobs/lsf/train_mpirun.lsf"), "--nodes", "1", "--ranks-per-node", "2",
-                   "--cpus-per-rank", "1", "--run-dir", str(tmp_path), "--", "--epochs", "50"], env=env, cwd=ROOT)
+                   "--cpus-per-rank", "1", "--run-dir", str(tmp_path), "--", "--epochs", "2000"], env=env, cwd=ROOT)
     wait_for_first_epoch(proc, tmp_path)
     [launcher] = [p for p in os.listdir("/proc") if p.isdigit() and proc.pid in _parents(int(p))
                   and rank_pids(int(p)) and _ppid(int(p)) == proc.pid]

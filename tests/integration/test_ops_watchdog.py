@@ -36,7 +36,7 @@ def test_stopped_rank_ends_the_job_with_status_4(tmp_path, victim):
     every rank; when rank 0 itself is stopped, rank 1 ends the job after its own bound (x1.1 + 10 s)."""
     abort_s = 4
     bound = abort_s + 10 if victim else abort_s * 1.1 + 10 + 10
-    proc = start_training(tmp_path, 2, "--epochs", "50", "--set", "run.watchdog_s=1",
+    proc = start_training(tmp_path, 2, "--epochs", "2000", "--set", "run.watchdog_s=1",
                           "--set", f"run.watchdog_abort_s={abort_s}")
     try:
         ranks = {world_rank(p): p for p in rank_pids(proc.pid)}
