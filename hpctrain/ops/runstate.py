@@ -77,11 +77,18 @@ def main(argv: list[str]) -> int:
     ap.add_argument("run_dir", metavar="RUN_DIR")
     ap.add_argument("--since", type=float, metavar="UNIX_TIME",
                     help="the job started then: an older record is an earlier job's (the batch scripts pass it)")
+    ap.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                    help="while the lock is still held, ask again for up to SECONDS: a launcher can return "
+                         "before its aborted ranks have exited (the batch scripts pass 10)")
     try:
         args = ap.parse_args(argv)
     except SystemExit as exc:
         return 2 if exc.code else 0
+    deadline = time.monotonic() + max(args.wait, 0.0)
     line, status = describe(args.run_dir, args.since)
+    while status == 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        line, status = describe(args.run_dir, args.since)
     print(f"hpctrain: {line}")
     return status
 

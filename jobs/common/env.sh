@@ -167,7 +167,7 @@ hpctrain_launch() {
   # any other status is the launcher's own word.
   if [ -z "$SCRIPT" ] && { [ "$rc" = 0 ] || [ "$rc" = 1 ]; }; then
     local state=0
-    "$PY" -m hpctrain status --since "$started" "$RUN_DIR" >&2 || state=$?
+    "$PY" -m hpctrain status --wait 10 --since "$started" "$RUN_DIR" >&2 || state=$?
     case $state in 3|4) rc=$state ;; esac
   fi
   HPCTRAIN_RC=$rc

@@ -16,7 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def status(run_dir):
-    r = subprocess.run([sys.executable, "-m", "hpctrain", "status", str(run_dir)], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "hpctrain", "status", "--wait", "10", str(run_dir)], capture_output=True, text=True,
                        timeout=60)
     return r.returncode, r.stdout.strip()
 

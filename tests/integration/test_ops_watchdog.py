@@ -61,6 +61,6 @@ def test_stopped_rank_ends_the_job_with_status_4(tmp_path, victim):
         assert re.fullmatch(r"hpctrain: watchdog: no progress for \d+ s: rank 1 waits .*, and rank 0's watchdog "
                             r"has not ended the job \(rank 0 may be stopped itself\); ending the job \(status 4\)",
                             line), line
-    r = subprocess.run([sys.executable, "-m", "hpctrain", "status", str(tmp_path)], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "hpctrain", "status", "--wait", "10", str(tmp_path)], capture_output=True, text=True)
     assert r.returncode == 4 and r.stdout.startswith("hpctrain: stalled: no progress for "), r.stdout
     print(f"{MPIEXEC}: status 4 {secs:.1f} s after SIGSTOP of rank {victim} (abort bound {abort_s} s)")

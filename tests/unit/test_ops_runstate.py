@@ -3,6 +3,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 
 from hpctrain.ops import runstate
 from hpctrain.ops.runlock import RunLock
@@ -55,3 +57,21 @@ def test_a_state_older_than_the_job_is_not_its_own(tmp_path):
     assert runstate.main(["--since", str(t - 10), str(tmp_path)]) == 3
     line, code = runstate.describe(str(tmp_path), since=t + 10)
     assert code == 2 and line.startswith(f"failed: no job recorded a state in {tmp_path} since "), line
+
+
+def test_wait_outlasts_a_holder_that_is_still_exiting(tmp_path):
+    """A launcher may return before its aborted ranks have exited (MPICH's Hydra after MPI_Abort):
+    ``--wait`` asks again while the lock is held, so the batch scripts read the recorded end."""
+    runstate.record(str(tmp_path), "stalled", message="no progress for 900 s: rank 1 is …")
+    lock = RunLock(str(tmp_path))
+    lock.acquire()
+    releaser = threading.Timer(0.5, lock.release)
+    try:
+        assert runstate.main([str(tmp_path)]) == 1                  # held: still running
+        releaser.start()
+        t0 = time.monotonic()
+        assert runstate.main(["--wait", "10", str(tmp_path)]) == 4
+        assert 0.4 < time.monotonic() - t0 < 5
+    finally:
+        releaser.join()
+        lock.release()
