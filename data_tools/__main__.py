@@ -9,7 +9,7 @@ import sys
 
 from data_tools.sources import (MAX_CLASSES, MAX_SAMPLE_BYTES, SOURCES, STORE_DTYPES, SourceError, cast_source,
                                 check_sample_bytes, register_all)
-from hpctrain.data.index import BLOCK_BYTES, ShardError
+from hpctrain.data.index import BLOCK_BYTES, BLOCK_DIGEST, BLOCK_DIGESTS, ShardError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,8 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--class-names", help="comma-separated class names (overrides the source's)")
     c.add_argument("--no-resume", action="store_true", help="reconvert shards even if already done")
     c.add_argument("--block-kib", type=int, default=BLOCK_BYTES >> 10,
-                   help="KiB per block of the per-block SHA-256 digests that the loader checks as it reads "
+                   help="KiB per block of the per-block digests that the loader checks as it reads "
                         "(default %(default)s; smaller: fewer bytes read twice in the first epoch, a larger index)")
+    c.add_argument("--block-digest", choices=tuple(BLOCK_DIGESTS), default=BLOCK_DIGEST,
+                   help="the per-block digest (default %(default)s: fast enough to check as the first epoch "
+                        "reads; sha256: cryptographic and several times slower: see docs/data.md)")
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
     v = sub.add_parser("verify", help="check every shard against the index (checksums, shapes, labels)")
     v.add_argument("dir")
@@ -90,7 +93,8 @@ def _convert(args) -> str:
         tfile = os.path.abspath(test_file) if test_file else ""
         tag += f"|{tfile}|{os.path.getmtime(tfile) if tfile and os.path.exists(tfile) else ''}|{args.dtype or ''}"
     meta = convert(source, args.out, args.shards, comm=comm, tag=tag, resume=not args.no_resume,
-                   progress=not args.no_progress, block_bytes=args.block_kib << 10)
+                   progress=not args.no_progress, block_bytes=args.block_kib << 10,
+                   block_digest=args.block_digest)
     counts = ", ".join(f"{k} {v['num_samples']}" for k, v in meta["splits"].items())
     skipped = f" ({meta['skipped_shards']} finished shard(s) verified and kept)" if meta["skipped_shards"] else ""
     notes = "".join(f"\nnote: {n}" for n in source.notes)

@@ -21,7 +21,7 @@ import numpy as np
 
 from data_tools.sources import Source, SourceError, check_sample_bytes, from_arrays
 from hpctrain.data.plan import block_range
-from hpctrain.data.index import BLOCK_BYTES, INDEX, file_sha256, shard_name, write_index
+from hpctrain.data.index import BLOCK_BYTES, BLOCK_DIGEST, INDEX, file_sha256, shard_name, write_index
 from hpctrain.data.shardwriter import ShardWriter, shard_digests
 from hpctrain.errors import UserError
 from hpctrain.fileio import atomic_write_text
@@ -87,9 +87,9 @@ def _fingerprint(source: Source, job: tuple, tag: str) -> str:
     return hashlib.sha256(desc.encode()).hexdigest()
 
 
-def _load_record(out: str, name: str, fingerprint: str, block_bytes: int) -> dict | None:
+def _load_record(out: str, name: str, fingerprint: str, block_bytes: int, digest: str) -> dict | None:
     """The record of a finished shard that still matches, its block digests redone when it has none
-    of ``block_bytes`` (converted before index v3, or with another block size)."""
+    of ``block_bytes`` and kind ``digest`` (converted before index v3/v4, or with other options)."""
     path = os.path.join(out, RECORDS, name + ".json")
     try:
         with open(path) as fh:
@@ -99,9 +99,10 @@ def _load_record(out: str, name: str, fingerprint: str, block_bytes: int) -> dic
     shard = os.path.join(out, name)
     if rec.get("fingerprint") != fingerprint or not os.path.exists(shard):
         return None
-    if (rec["entry"].get("blocks") or {}).get("bytes") == block_bytes:
+    blocks = rec["entry"].get("blocks") or {}
+    if blocks.get("bytes") == block_bytes and digest in blocks:
         return rec if file_sha256(shard) == rec["entry"]["sha256"] else None
-    digests = shard_digests(shard, block_bytes)
+    digests = shard_digests(shard, block_bytes, digest)
     if digests["sha256"] != rec["entry"]["sha256"]:
         return None
     rec["entry"].update(digests)
@@ -113,13 +114,15 @@ def _channels(source: Source) -> int:
     return source.sample_shape[0] if source.sample_shape else 1
 
 
-def _convert_job(source: Source, out: str, job: tuple, fingerprint: str, bar, block_bytes: int) -> dict:
+def _convert_job(source: Source, out: str, job: tuple, fingerprint: str, bar, block_bytes: int,
+                 digest: str) -> dict:
     split, i, n, lo, hi = job
     sp = source.splits[split]
     sample_bytes = max(int(np.prod(source.sample_shape)) * np.dtype(source.dtype).itemsize, 1)
     step = max(1, CHUNK_BYTES // sample_bytes)
     moments = Moments(_channels(source))
-    w = ShardWriter(out, split, i, n, hi - lo, source.sample_shape, source.dtype, source.encoding, block_bytes)
+    w = ShardWriter(out, split, i, n, hi - lo, source.sample_shape, source.dtype, source.encoding, block_bytes,
+                    digest)
     try:
         for a in range(lo, hi, step):
             b = min(hi, a + step)
@@ -161,11 +164,13 @@ def _index_meta(source: Source, jobs: list, records: list) -> dict:
 
 
 def convert(source: Source, out: str, n_shards: int = 1, *, comm=None, tag: str = "",
-            resume: bool = True, progress: bool = False, block_bytes: int = BLOCK_BYTES) -> dict:
+            resume: bool = True, progress: bool = False, block_bytes: int = BLOCK_BYTES,
+            block_digest: str = BLOCK_DIGEST) -> dict:
     """Write ``source`` as shards in ``out``; collective over ``comm``. Returns the index dict.
 
     ``tag`` identifies the source and options (it goes into the fingerprint that ``resume``
-    compares). ``block_bytes``: the size of the per-block digests of the index (v3, ``index.py``). Raises :class:`ConvertError` on every rank when any rank failed.
+    compares). ``block_bytes``, ``block_digest``: the size and kind of the index's per-block digests
+(``index.py``). Raises :class:`ConvertError` on every rank when any rank failed.
     """
     from mpi4py import MPI
 
@@ -198,9 +203,9 @@ def convert(source: Source, out: str, n_shards: int = 1, *, comm=None, tag: str 
     try:
         for k in mine:
             fp = _fingerprint(source, jobs[k], tag)
-            rec = _load_record(out, shard_name(*jobs[k][:3]), fp, block_bytes) if resume else None
+            rec = _load_record(out, shard_name(*jobs[k][:3]), fp, block_bytes, block_digest) if resume else None
             if rec is None:
-                rec = _convert_job(source, out, jobs[k], fp, bar, block_bytes)
+                rec = _convert_job(source, out, jobs[k], fp, bar, block_bytes, block_digest)
             else:
                 skipped += 1
                 if bar is not None:

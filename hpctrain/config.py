@@ -86,8 +86,8 @@ class DataConfig:
                               "shared-memory window", choices="hpctrain.data.factory:READERS")
     hdf5_driver: str = opt("auto", "auto (parallel HDF5 'mpio' when h5py has MPI) | mpio | serial (per-shard "
                                    "files, pread of contiguous datasets)", choices="hpctrain.data.hdf5:DRIVERS")
-    verify: str = opt("shared", "SHA-256 against index.json: index v3 checks metadata blocks at open and "
-                                "each data block as it is first read, v1/v2 whole files at open: shared (each "
+    verify: str = opt("shared", "checksums against index.json: index v3/v4 block digests, metadata blocks at "
+                                "open and each data block as it is first read; v1/v2 whole files at open: shared (each "
                                 "shard by one rank, once per job) | node (each node checks its own copy) | off",
                       choices="hpctrain.data.shards:VERIFY_MODES")
 

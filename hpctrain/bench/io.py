@@ -9,8 +9,8 @@ On a generated ImageNet-like dataset (3×224×224 uint8 samples, ``--size-gb`` G
   filling an MPI-3 shared window), all ranks reading their share at once;
 * the full loader (plus normalisation to float32 in its prefetch thread);
 * the integrity check (``shards.py``, ``blocks.py``): the first epoch with the per-block digests
-  of an index v3 (metadata blocks checked at open, each data block as it is first read); for
-  comparison the whole-file SHA-256 pass of a v1/v2 index (collective at open, each shard hashed
+  of an index v4, XXH3-128 (metadata blocks checked at open, each data block as it is first
+  read), and of a v3, SHA-256, on the same files; for comparison the whole-file SHA-256 pass of a v1/v2 index (collective at open, each shard hashed
   by one rank) and the first epoch including it; the full loader with its check. Every other row
   reads with the check off — after the first epoch a job's reads are exactly those rows;
 * per-sample random ``x[i]``, ``y[i]`` h5py reads, the map-style-dataset anti-pattern,
@@ -28,6 +28,7 @@ batch 64): the time the training thread waited for the loader over the time of t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -39,16 +40,18 @@ from mpi4py import MPI
 
 from hpctrain.data import ShardLoader, ShardSet, read_index
 from hpctrain.data.noderead import NodeReader
-from hpctrain.data.index import INDEX, write_index
-from hpctrain.data.shardwriter import ShardWriter
+from hpctrain.data.index import BLOCK_BYTES, BLOCK_DIGEST, INDEX, write_index
+from hpctrain.data.shardwriter import ShardWriter, shard_digests
 from hpctrain.topology import Topology
 
 SHAPE = (3, 224, 224)
 SMALL = (3, 32, 32)
 MB = 1e6
-CHECK, FIRST, WHOLE, PLAIN, LOADER = (
-    "whole-file SHA-256 check at open (v1/v2 index)", "first epoch, SHA-256 per block as read (v3 index)",
-    "first epoch incl. whole-file SHA-256 check at open", "block plan, per-rank reading, serial", "full loader")
+CHECK, FIRST, FIRST_SHA, WHOLE, PLAIN, LOADER = (
+    "whole-file SHA-256 check at open (v1/v2 index)", "first epoch, XXH3-128 per block as read (v4 index)",
+    "first epoch, SHA-256 per block as read (v3 index)", "first epoch incl. whole-file SHA-256 check at open",
+    "block plan, per-rank reading, serial", "full loader")
+SHA_BLOCKS = "sha256-blocks.json"     # the same shards' SHA-256 block digests: the v3 rows
 
 
 def parse_args(argv):
@@ -65,6 +68,8 @@ def parse_args(argv):
     ap.add_argument("--random-samples", type=int, default=3000,
                     help="per-sample reads per rank (at most; x20 for the small samples)")
     ap.add_argument("--no-cold", action="store_true", help="skip the cold-cache rows")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the unchecked and checked first "
+                    "epochs; their rows give the median (default %(default)s)")
     ap.add_argument("--job-steps", type=int, default=150, help="training steps for the data-wait share")
     ap.add_argument("--job-only", action="store_true", help="only the default job's data-wait share")
     ap.add_argument("--job-driver", choices=("auto", "mpio", "serial"), help="HDF5 driver of the job "
@@ -89,6 +94,9 @@ def generate(directory: str, n: int, shape: tuple, n_shards: int) -> None:
             b = min(hi, a + chunk)
             w.write(rng.integers(0, 256, (b - a, *shape), dtype=np.uint8), rng.integers(0, 1000, b - a))
         entries.append(w.finish())
+    sha = [shard_digests(os.path.join(directory, e["file"]), BLOCK_BYTES, "sha256")["blocks"] for e in entries]
+    with open(os.path.join(directory, SHA_BLOCKS), "w") as fh:
+        json.dump(sha, fh)
     write_index(directory, {"sample_shape": list(shape), "dtype": "uint8", "num_classes": 1000,
                             "class_names": [str(c) for c in range(1000)],
                             "normalize": {"mean": [127.5] * 3, "std": [73.9] * 3},
@@ -102,7 +110,8 @@ def ensure(directory: str, n: int, shape: tuple, n_shards: int, comm) -> None:
         if os.path.exists(os.path.join(directory, INDEX)):
             idx = read_index(directory)
             ok = (idx.num_samples("train") == n and tuple(idx.sample_shape) == shape
-                  and all("blocks" in e for e in idx.split("train")["shards"]))      # made before index v3: redo
+                  and os.path.exists(os.path.join(directory, SHA_BLOCKS))
+                  and all(BLOCK_DIGEST in e.get("blocks", {}) for e in idx.split("train")["shards"]))  # older: redo
         if not ok:
             shutil.rmtree(directory, ignore_errors=True)
             t0 = time.perf_counter()
@@ -133,6 +142,7 @@ class Bench:
     def __init__(self, args, comm, topo, directory, label: str):
         self.args, self.comm, self.topo, self.label = args, comm, topo, label
         self.index = read_index(directory)
+        self.index_v3 = with_sha256_blocks(self.index, directory)
         self.files = [os.path.join(directory, e["file"]) for e in self.index.split("train")["shards"]]
         self.sample_bytes = int(np.prod(self.index.sample_shape))
         self.rows, self.cold_method = [], None
@@ -176,18 +186,21 @@ class Bench:
         self.row(f"{CHECK}, each shard by 1 of {self.topo.size} rank(s)", cache,
                  self.index.num_samples("train"), dt, n_bytes)
 
-    def plan_checked(self, cache, per_block: bool = True):
+    def plan_checked(self, cache, how: str = "xxh3_128"):
         """A job's first epoch with its check (later epochs: the plain rows): per block as read
-        (v3), or the whole-file pass at open, then the block plan."""
+        (``how``: the v4 index's XXH3-128 or the v3 index's SHA-256), or the whole-file pass at
+        open (``"whole"``), then the block plan."""
         self.prepare(cache)
         opened = []
+        index = self.index_v3 if how == "sha256" else self.index
 
         def run():
-            opened.append(ShardSet(self.index, "train", comm=self.comm, driver="serial", per_block=per_block))
+            opened.append(ShardSet(index, "train", comm=self.comm, driver="serial", per_block=how != "whole"))
             return sum(len(y) for _, y in self.loader(opened[0]).raw_batches(0))
         n, dt = self.timed(run)
         opened[0].close()
-        self.row(f"{FIRST if per_block else WHOLE} (block plan, pread)", cache, n, dt)
+        name = {"xxh3_128": FIRST, "sha256": FIRST_SHA, "whole": WHOLE}[how]
+        self.row(f"{name} (block plan, pread)", cache, n, dt)
 
     def loader(self, shards, node_comm=None) -> ShardLoader:
         a = self.args
@@ -225,7 +238,7 @@ class Bench:
         self.prepare(cache)
         n, dt = self.timed(lambda: sum(len(y) for _, y in ld.epoch(0)))
         self.row(f"{LOADER} (+ float32 normalisation, prefetch thread)" if verify == "off" else
-                 f"{LOADER}, SHA-256 checked in its thread (first epoch)", cache, n, dt)
+                 f"{LOADER}, checksums checked in its thread (first epoch)", cache, n, dt)
         ld.close()
         shards.close()
 
@@ -290,6 +303,27 @@ def data_wait_share(comm, topo, steps: int, driver: str | None = None) -> dict:
             "wait_share_mean": float(np.mean(shares))}
 
 
+def medians(rows: list) -> list:
+    """One row per method (first-seen order), the round of median time; ``samples`` are equal."""
+    by = {}
+    for r in rows:
+        by.setdefault(r["method"], []).append(r)
+    out = []
+    for same in by.values():
+        r = sorted(same, key=lambda r: r["seconds"])[len(same) // 2]
+        out.append({**r, "rounds": len(same)})
+    return out
+
+
+def with_sha256_blocks(index, directory: str):
+    """``index`` with the SHA-256 block digests saved beside it (``generate``), as a v3 index holds them."""
+    with open(os.path.join(directory, SHA_BLOCKS)) as fh:
+        sha = json.load(fh)
+    train = index.split("train")
+    shards = [{**e, "blocks": b} for e, b in zip(train["shards"], sha)]
+    return dataclasses.replace(index, splits={**index.splits, "train": {**train, "shards": shards}})
+
+
 def table(rows: list, job: dict, header: str) -> str:
     out = [header, f"{'data':<13} {'method':<66} {'cache':<5} {'samples/s':>10} {'MB/s':>8} {'vs random':>9} {'vs cat':>7}"]
     base = {(r["data"], r["cache"]): r for r in rows if r["method"].startswith("per-sample")}
@@ -309,23 +343,24 @@ def table(rows: list, job: dict, header: str) -> str:
 
 def integrity(rows: list) -> list[str]:
     """One line per cache state: the checks' cost against the same run's unchecked rows (the mean
-    of the two unchecked block-plan rows around the checked one)."""
+    rows: the checked and unchecked first epochs of the same interleaved rounds)."""
     out = []
     for cache in ("cold", "warm"):
         got, plain = {}, []
         for r in rows:
             if r["cache"] != cache or r["data"] != rows[0]["data"]:
                 continue
-            for m in (CHECK, FIRST, WHOLE):
+            for m in (CHECK, FIRST, FIRST_SHA, WHOLE):
                 if r["method"].startswith(m):
                     got.setdefault(m, r)
-            if r["method"].startswith(PLAIN) and len(plain) < 2:   # serial rows before the auto one
+            if r["method"].startswith(PLAIN) and not plain:       # the serial row before the auto one
                 plain.append(r["samples_per_s"])
         if CHECK not in got or not plain:
             continue
-        base = sum(plain) / len(plain)
-        line = (f"integrity ({cache}): first epoch with per-block SHA-256 as read (v3): "
-                f"{100 * got[FIRST]['samples_per_s'] / base:.0f} % of the unchecked block plan; with the "
+        base = plain[0]
+        line = (f"integrity ({cache}): first epoch with per-block XXH3-128 as read (v4): "
+                f"{100 * got[FIRST]['samples_per_s'] / base:.0f} % of the unchecked block plan; with per-block "
+                f"SHA-256 (v3): {100 * got[FIRST_SHA]['samples_per_s'] / base:.0f} %; with the "
                 f"whole-file check at open (v1/v2, {got[CHECK]['seconds']:.2f} s, {got[CHECK]['mb_per_s']:.0f} MB/s): "
                 f"{100 * got[WHOLE]['samples_per_s'] / base:.0f} %; later epochs 100 % (same reads)")
         loaders = [r for r in rows if r["cache"] == cache and r["method"].startswith(LOADER)]
@@ -343,12 +378,15 @@ def section(b: Bench, full: bool) -> None:
             b.cat("warm")                                   # warms the cache; the second pass is timed
             b.rows.pop()
         b.cat(cache)
-        b.plan(cache, "serial")
-        if full:
-            b.plan_checked(cache)                           # interleaved with the unchecked rows
+        first = len(b.rows)
+        for _ in range(b.args.rounds if full else 1):       # the checks interleaved with the unchecked rows
             b.plan(cache, "serial")
-            b.check(cache)
-            b.plan_checked(cache, per_block=False)
+            if full:
+                b.plan_checked(cache)
+                b.plan_checked(cache, "sha256")
+                b.check(cache)
+                b.plan_checked(cache, "whole")
+        b.rows[first:] = medians(b.rows[first:])
         if cache == "warm" and full:
             b.plan(cache, "auto")
             b.node(cache)
@@ -389,7 +427,8 @@ def main(argv) -> int:
         header = (f"io bench: {n_bytes / 2**30:.2f} GiB in {len(big.files)} shards at {args.dir} "
                   f"({big.index.num_samples('train')} samples of 3x224x224 uint8); {args.small_gb} GiB of 3x32x32 "
                   f"at {small_dir}; {topo.size} rank(s), batch {args.batch_size}/rank, block {args.block_size}, "
-                  f"window {args.shuffle_window}; cold cache: {big.cold_method or 'skipped'}")
+                  f"window {args.shuffle_window}; cold cache: {big.cold_method or 'skipped'}; first-epoch rows: "
+                  f"median of {args.rounds} interleaved rounds")
         print(table(rows, job, header))
         if args.json:
             with open(args.json, "w") as fh:

@@ -1,25 +1,28 @@
-"""Per-block SHA-256 of one shard file (index v3): verify on read, not before.
+"""Per-block digests of one shard file (index v3/v4): verify on read, not before.
 
-The index lists the SHA-256 of every fixed ``B``-byte block of the file and which blocks lie
+The index lists the digest (XXH3-128, or SHA-256 in indexes made before v4; ``index.py``) of every fixed ``B``-byte block of the file and which blocks lie
 wholly inside the contiguous storage of ``x`` or ``y`` ("data" blocks, ``index.py``). The others
 — HDF5 metadata, the edges of the datasets, free space: a few blocks per file — are checked
 before HDF5 parses the file (:meth:`BlockCheck.check`). A data block is checked the first time a
 read touches it (:meth:`BlockCheck.read_into`): the bytes the loader asked for go straight into
 its buffer and are hashed there, cache-hot, and only the rest of a block cut by the read's ends
-is read on the side, once. The blocks of one read are read and hashed by a small thread pool
-(``hashlib`` and ``preadv`` release the GIL), so the hashing runs beside the reading instead of
-after it. A block that does not match raises a :class:`ShardError` naming the file and the block
+is read on the side, once. With SHA-256 the blocks of one read are read and hashed by a small
+thread pool (``hashlib`` and ``preadv`` release the GIL), so the hashing runs beside the reading;
+XXH3 runs at several times memory-copy speed, so its blocks are hashed in the reading thread. A block that does not match raises a :class:`ShardError` naming the file and the block
 before :meth:`read_into` returns, so no sample of it reaches a batch.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 
 import numpy as np
 
 from hpctrain.data.direct import pread_full
-from hpctrain.data.index import ShardError
+from hpctrain.data.index import ShardError, block_digest_name, block_hasher
+
+
+THREADED = ("sha256",)   # digests slow enough to hash a read's blocks in a pool; XXH3 hashes a block in
+                         # less time than handing it to a thread costs
 
 
 class BlockCheck:
@@ -27,7 +30,8 @@ class BlockCheck:
 
     def __init__(self, path: str, blocks: dict):
         self.path, self.block_bytes, self.file_bytes = path, int(blocks["bytes"]), int(blocks["file_bytes"])
-        self.want = [bytes.fromhex(h) for h in blocks["sha256"]]
+        self.digest = block_digest_name(blocks)
+        self.want = [bytes.fromhex(h) for h in blocks[self.digest]]
         self.done = np.zeros(len(self.want), bool)
         self.data = np.zeros(len(self.want), bool)
         for a, b in blocks["data"]:
@@ -80,7 +84,9 @@ class BlockCheck:
                     pread_full(fh.fileno(), buf[:b - a], a)
                 except OSError as exc:
                     return f"{self.path}: cannot read block {k} ({exc.strerror or exc})"
-                problem = self.problem(k, hashlib.sha256(buf[:b - a]).digest())
+                h = block_hasher(self.digest)
+                h.update(buf[:b - a])
+                problem = self.problem(k, h.digest())
                 if problem:
                     return problem
         self.done[list(blocks)] = True
@@ -100,7 +106,7 @@ class BlockCheck:
         for k in pending:
             a, b = self.span(k)
             s, e = max(pos, a), min(end, b)
-            head, tail = memoryview(bytearray(s - a)), memoryview(bytearray(b - e))
+            head, tail = _scratch(s - a), _scratch(b - e)
             if len(head):
                 read_bytes(a, head)
             if len(tail):
@@ -108,12 +114,13 @@ class BlockCheck:
             parts[k] = (head, view[s - pos:e - pos], tail)
 
         def one(k: int) -> str | None:
-            h = hashlib.sha256()
+            h = block_hasher(self.digest)
             for part in parts[k]:
                 h.update(part)
             return self.problem(k, h.digest())
 
-        found = list(pool.map(one, pending)) if pool is not None and len(pending) > 1 else [one(k) for k in pending]
+        threaded = pool is not None and len(pending) > 1 and self.digest in THREADED
+        found = list(pool.map(one, pending)) if threaded else [one(k) for k in pending]
         bad = next((p for p in found if p), None)
         if bad:
             raise ShardError(bad)
@@ -135,19 +142,23 @@ class BlockCheck:
             if self.done[k]:
                 pread_full(fd, out, s)
                 return None
-            head, tail = memoryview(bytearray(s - a)), memoryview(bytearray(b - e))
-            pread_full(fd, head, a)
-            pread_full(fd, out, s)
-            pread_full(fd, tail, e)
-            h = hashlib.sha256(head)
-            h.update(out)
-            h.update(tail)
+            h = block_hasher(self.digest)
+            for lo, piece in ((a, _scratch(s - a)), (s, out), (e, _scratch(b - e))):
+                if len(piece):
+                    pread_full(fd, piece, lo)
+                    h.update(piece)
             return self.problem(k, h.digest())
 
         blocks = range(first, last + 1)
-        found = list(pool.map(one, blocks)) if pool is not None and len(blocks) > 1 else [one(k) for k in blocks]
+        threaded = pool is not None and len(blocks) > 1 and self.digest in THREADED
+        found = list(pool.map(one, blocks)) if threaded else [one(k) for k in blocks]
         bad = next((p for p in found if p), None)
         if bad:
             raise ShardError(bad)
         self.done[first:last + 1] = True
         return True
+
+
+def _scratch(n: int) -> memoryview:
+    """``n`` bytes to read into and hash, not zeroed first."""
+    return memoryview(np.empty(n, np.uint8)).cast("B")

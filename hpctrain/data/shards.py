@@ -2,12 +2,12 @@
 each file against the index, contiguous reads, integrity.
 
 Integrity (``ShardSet(verify=…)``, default ``"shared"``): no byte of a shard is used before it
-has matched a SHA-256 of the index. Two ways, by what the index holds:
+has matched a digest of the index. Two ways, by what the index holds:
 
-* **per block, as read** (index v3, raw samples; :mod:`hpctrain.data.blocks`): the index lists the
-  SHA-256 of every 1 MiB block of each file and which blocks lie inside the storage of ``x`` or
-  ``y``. All other blocks (HDF5 metadata, free space: a few per file) are checked before HDF5
-  parses the file — with a communicator collectively at construction, shard *k* by rank
+* **per block, as read** (index v3/v4, raw samples; :mod:`hpctrain.data.blocks`): the index lists the
+  XXH3-128 (v4; SHA-256 in v3) of every 1 MiB block of each file and which blocks lie inside
+  the storage of ``x`` or ``y``. All other blocks (HDF5 metadata, free space: a few per file) are
+  checked before HDF5 parses the file — with a communicator collectively at construction, shard *k* by rank
   ``k % P``, verdicts allgathered, so every rank raises the same :class:`ShardError` naming the
   shard and block. A data block is checked when a read first touches it, from the bytes just read
   into the loader's buffer (``pread``; with ``mpio``, the buffer HDF5 filled), the rest of a
@@ -23,10 +23,10 @@ has matched a SHA-256 of the index. Two ways, by what the index holds:
   ranks.
 
 Why fixed byte blocks and not an incremental hash of each file: the block plan reads shuffled
-runs, never a file front to back, and SHA-256 cannot be assembled from pieces out of order.
+runs, never a file front to back, and a file digest cannot be assembled from pieces out of order.
 Why byte blocks and not per-sample digests: they cover every byte (metadata included), need no
-knowledge of the sample layout in the index, and a 1 MiB block costs 67 bytes of index (a 140 GB
-dataset: 9 MB) where per-sample digests would cost one per 150 KB image or 3 KB CIFAR sample.
+knowledge of the sample layout in the index, and a 1 MiB block costs 35 bytes of index (a 140 GB
+dataset: 5 MB) where per-sample digests would cost one per 150 KB image or 3 KB CIFAR sample.
 ``"node"``: the ranks of each node share the at-open work over their own view of the files, for
 node-local copies; ``"off"``: no hashing. Neither way sees a file changed on disk after its check
 (labels stay range-checked on every read, and HDF5 checks its own structures).
@@ -45,7 +45,7 @@ import numpy as np
 from hpctrain.data.blocks import BlockCheck
 from hpctrain.data.direct import DirectExtent
 from hpctrain.data.hdf5 import choose_driver, open_read
-from hpctrain.data.index import ShardError, ShardIndex, file_digests, file_sha256
+from hpctrain.data.index import DIGEST_LABELS, ShardError, ShardIndex, file_digests, file_sha256
 
 VERIFY_MODES = ("shared", "node", "off")
 HASH_THREADS = max(1, min(4, os.cpu_count() or 1))   # files hashed at once by one process (no comm, 1 rank)
@@ -105,11 +105,11 @@ class ShardSet:
                f"independent reads)" if self.driver == "mpio" else
                f"serial per-shard files, contiguous datasets read by pread ({self.driver_reason})")
         if self.verify_mode == "off":
-            check = "SHA-256 not checked (verify off)"
+            check = "checksums not checked (verify off)"
         elif self._blocks:
-            b = next(iter(self._blocks.values())).block_bytes
+            first = next(iter(self._blocks.values()))
             whole = len(self.entries) - len(self._blocks)
-            check = (f"SHA-256 of {b >> 10} KiB blocks: metadata blocks checked at open"
+            check = (f"{DIGEST_LABELS[first.digest]} of {first.block_bytes >> 10} KiB blocks: metadata blocks checked at open"
                      f"{f' over {self.verify_ranks} rank(s)' if self.verify_ranks else ''}, data blocks as first read"
                      f"{f'; {whole} shard(s) without block digests checked whole' if whole else ''}")
         elif self.verify_ranks:
@@ -148,7 +148,7 @@ class ShardSet:
         if problem:
             return problem
         try:
-            whole, got = file_digests(path, check.block_bytes)
+            whole, got = file_digests(path, check.block_bytes, check.digest)
         except OSError as exc:
             return f"{path}: cannot read shard ({exc.strerror or exc})"
         bad = next((p for p in map(check.problem, range(len(got)), map(bytes.fromhex, got)) if p), None)
@@ -374,7 +374,7 @@ class ShardSet:
             self._check_labels(self._datasets[i][1][:], i, 0)
 
     def verify(self) -> None:
-        """Check every shard's SHA-256, and every block's (v3), against the index now (reads every
+        """Check every shard's SHA-256, and every block's (v3/v4), against the index now (reads every
         byte once; local, threaded)."""
         problem = self._first_problem(list(range(len(self.entries))), HASH_THREADS, self._full_problem)
         if problem:

@@ -1,5 +1,5 @@
 """Writing shard files: in chunks to a temporary name, renamed into place when complete
-(:mod:`hpctrain.fileio`); the entry carries the file's SHA-256 and its per-block digests (index v3)."""
+(:mod:`hpctrain.fileio`); the entry carries the file's SHA-256 and its per-block digests (index v4)."""
 from __future__ import annotations
 
 import os
@@ -7,8 +7,8 @@ import os
 import h5py
 import numpy as np
 
-from hpctrain.data.index import (BLOCK_BYTES, FORMAT, VERSION, ShardError, data_block_ranges, file_digests,
-                                 shard_name)
+from hpctrain.data.index import (BLOCK_BYTES, BLOCK_DIGEST, FORMAT, VERSION, ShardError, data_block_ranges,
+                                 file_digests, shard_name)
 from hpctrain.fileio import commit, discard, temp_path
 
 
@@ -21,8 +21,9 @@ class ShardWriter:
     """
 
     def __init__(self, directory: str, split: str, i: int, n: int, num_samples: int,
-                 sample_shape: tuple, dtype, encoding: str = "raw", block_bytes: int = BLOCK_BYTES):
-        self.block_bytes = int(block_bytes)
+                 sample_shape: tuple, dtype, encoding: str = "raw", block_bytes: int = BLOCK_BYTES,
+                 digest: str = BLOCK_DIGEST):
+        self.block_bytes, self.digest = int(block_bytes), digest
         self.name = shard_name(split, i, n)
         self.path = os.path.join(directory, self.name)
         self.tmp = temp_path(self.path)
@@ -52,18 +53,18 @@ class ShardWriter:
             raise ShardError(f"{self.path}: wrote {self.pos} samples, expected {self.num_samples}")
         self.fh.close()
         commit(self.tmp, self.path)
-        return {"file": self.name, "num_samples": self.num_samples, **shard_digests(self.path, self.block_bytes)}
+        return {"file": self.name, "num_samples": self.num_samples, **shard_digests(self.path, self.block_bytes, self.digest)}
 
     def abort(self) -> None:
         self.fh.close()
         discard(self.tmp)
 
 
-def shard_digests(path: str, block_bytes: int = BLOCK_BYTES) -> dict:
-    """``sha256`` and ``blocks`` of a finished shard's index entry. The data ranges are the blocks
+def shard_digests(path: str, block_bytes: int = BLOCK_BYTES, digest: str = BLOCK_DIGEST) -> dict:
+    """``sha256`` and ``blocks`` (block digests of kind ``digest``) of a finished shard's index entry. The data ranges are the blocks
     wholly inside the contiguous storage of ``x`` and ``y`` (none for a variable-length ``x``; none
     at all for a file HDF5 cannot open: every block is then checked at open)."""
-    whole, blocks = file_digests(path, block_bytes)
+    whole, blocks = file_digests(path, block_bytes, digest)
     extents = []
     try:
         with h5py.File(path, "r") as fh:
@@ -73,16 +74,16 @@ def shard_digests(path: str, block_bytes: int = BLOCK_BYTES) -> dict:
                     extents.append((int(offset), int(ds.id.get_storage_size())))
     except OSError:
         extents = []
-    return {"sha256": whole, "blocks": {"bytes": block_bytes, "file_bytes": os.path.getsize(path), "sha256": blocks,
+    return {"sha256": whole, "blocks": {"bytes": block_bytes, "file_bytes": os.path.getsize(path), digest: blocks,
                                         "data": data_block_ranges(extents, block_bytes)}}
 
 
 def write_shard(directory: str, split: str, i: int, n: int, x, y: np.ndarray, encoding: str = "raw",
-                block_bytes: int = BLOCK_BYTES) -> dict:
+                block_bytes: int = BLOCK_BYTES, digest: str = BLOCK_DIGEST) -> dict:
     """Write one whole shard atomically; returns its index entry."""
     shape = () if encoding == "jpeg" else np.shape(x)[1:]
     w = ShardWriter(directory, split, i, n, len(y), shape, None if encoding == "jpeg" else x.dtype, encoding,
-                    block_bytes)
+                    block_bytes, digest)
     try:
         w.write(x, y)
     except BaseException:

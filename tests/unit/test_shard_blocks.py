@@ -1,4 +1,4 @@
-"""Per-block digests (index v3): a changed byte in a data block is refused by the read that first
+"""Per-block digests (index v4: XXH3-128; v3: SHA-256): a changed byte in a data block is refused by the read that first
 touches it, naming the file and the block; metadata blocks at open; v2 indexes checked whole.
 
 The digits are converted with 1 KiB blocks (``--block-kib 1``) so that each shard has data blocks
@@ -14,6 +14,7 @@ import shutil
 import h5py
 import numpy as np
 import pytest
+import xxhash
 
 from hpctrain.data import ShardError, ShardLoader, ShardSet, read_index
 from tests.shard_files import convert_digits, flip
@@ -43,14 +44,25 @@ def entry(d: str, name: str = SHARD) -> dict:
     return next(e for e in read_index(d).split("train")["shards"] if e["file"] == name)
 
 
-def test_index_blocks_are_the_files_sha256_per_kib(blocks_src):
-    """Independent: hashlib over the file's own 1 KiB slices; data ranges inside x and y."""
+@pytest.fixture(scope="module")
+def sha256_src(tmp_path_factory):
+    """The same digits with SHA-256 blocks in a version 3 index, as hpctrain before v4 wrote them."""
+    d = convert_digits(tmp_path_factory.mktemp("sha256") / "digits", block_kib=1, block_digest="sha256")
+    meta = json.load(open(os.path.join(d, "index.json")))
+    meta["version"] = 3
+    json.dump(meta, open(os.path.join(d, "index.json"), "w"))
+    return d
+
+
+def test_index_blocks_are_the_files_xxh3_128_per_kib(blocks_src):
+    """Independent: xxhash's one-shot XXH3-128 over the file's own 1 KiB slices; data ranges inside x and y."""
     path = os.path.join(blocks_src, SHARD)
     e, raw = entry(blocks_src), open(path, "rb").read()
     b = e["blocks"]
-    assert read_index(blocks_src).splits and json.load(open(os.path.join(blocks_src, "index.json")))["version"] == 3
-    assert b["bytes"] == KIB and b["file_bytes"] == len(raw)
-    assert b["sha256"] == [hashlib.sha256(raw[k:k + KIB]).hexdigest() for k in range(0, len(raw), KIB)]
+    assert read_index(blocks_src).splits and json.load(open(os.path.join(blocks_src, "index.json")))["version"] == 4
+    assert b["bytes"] == KIB and b["file_bytes"] == len(raw) and "sha256" not in b
+    assert b["xxh3_128"] == [xxhash.xxh3_128_hexdigest(raw[k:k + KIB]) for k in range(0, len(raw), KIB)]
+    assert e["sha256"] == hashlib.sha256(raw).hexdigest()               # the whole file stays SHA-256
     with h5py.File(path, "r") as fh:
         spans = [(fh[k].id.get_offset(), fh[k].id.get_offset() + fh[k].id.get_storage_size()) for k in "xy"]
     data = [k for a, c in b["data"] for k in range(a, c)]
@@ -146,6 +158,23 @@ def test_parallel_hdf5_reads_are_checked_too(blocks_src, digits):
     s.close()
 
 
+def test_v3_index_with_sha256_blocks_still_refuses_a_flipped_data_byte(sha256_src, tmp_path):
+    """Datasets converted before index v4 keep their per-block check: SHA-256, as read."""
+    d = shutil.copytree(sha256_src, tmp_path / "digits")
+    path = os.path.join(d, SHARD)
+    e, raw = entry(d), open(path, "rb").read()
+    assert e["blocks"]["sha256"] == [hashlib.sha256(raw[k:k + KIB]).hexdigest() for k in range(0, len(raw), KIB)]
+    pos = x_byte(path, 200)
+    flip(path, pos)
+    s = ShardSet(read_index(d), "train")
+    assert "SHA-256 of 1 KiB blocks" in s.describe()
+    start = int(s.starts[2])
+    s.read_range(0, start + 100)
+    with pytest.raises(ShardError, match=f"^{path}: checksum mismatch in block {pos // KIB} "):
+        s.read_range(start + 150, start + 250)
+    s.close()
+
+
 def test_v2_index_without_blocks_is_checked_whole_at_open(digits):
     meta = json.load(open(os.path.join(digits, "index.json")))
     meta["version"] = 2
@@ -173,7 +202,9 @@ def test_verify_tool_names_the_bad_block(digits):
 
 @pytest.mark.parametrize("change,want", [
     (lambda b: b.update(data=[[5, 3]]), "'data' must hold ascending block ranges"),
-    (lambda b: b["sha256"].pop(), "'sha256' must list"),
+    (lambda b: b["xxh3_128"].pop(), "'xxh3_128' must list .* of 32 hex digits"),
+    (lambda b: b.update(sha256=b["xxh3_128"]), "one digest list"),
+    (lambda b: b.update(md5=b.pop("xxh3_128")), "one digest list \\('xxh3_128' or 'sha256'\\)"),
     (lambda b: b.update(bytes=0), "'bytes' > 0"),
     (lambda b: b.pop("file_bytes"), "expected an object with"),
 ])
