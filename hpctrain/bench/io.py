@@ -145,14 +145,17 @@ class Bench:
         self.index_v3 = with_sha256_blocks(self.index, directory)
         self.files = [os.path.join(directory, e["file"]) for e in self.index.split("train")["shards"]]
         self.sample_bytes = int(np.prod(self.index.sample_shape))
-        self.rows, self.cold_method = [], None
+        self.rows, self.cold_method, self.cpu_s = [], None, None
 
     def timed(self, fn) -> tuple[int, float]:
-        """Run ``fn() -> samples`` on every rank at once: (total samples, slowest rank's seconds)."""
+        """Run ``fn() -> samples`` on every rank at once: (total samples, slowest rank's seconds).
+        The CPU seconds of all ranks' threads go to the next row: a cost that other jobs on the
+        host do not change, where they do change the seconds."""
         self.comm.Barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         n = fn()
-        dt = time.perf_counter() - t0
+        dt, dc = time.perf_counter() - t0, time.process_time() - c0
+        self.cpu_s = self.comm.allreduce(dc, MPI.SUM)
         return self.comm.allreduce(n, MPI.SUM), self.comm.allreduce(dt, MPI.MAX)
 
     def prepare(self, cache: str) -> None:
@@ -164,7 +167,8 @@ class Bench:
     def row(self, name: str, cache: str, samples: int, secs: float, n_bytes: float | None = None) -> None:
         n_bytes = samples * self.sample_bytes if n_bytes is None else n_bytes
         self.rows.append({"data": self.label, "method": name, "cache": cache, "samples_per_s": samples / secs,
-                          "mb_per_s": n_bytes / secs / MB, "samples": samples, "seconds": secs})
+                          "mb_per_s": n_bytes / secs / MB, "samples": samples, "seconds": secs, "cpu_s": self.cpu_s})
+        self.cpu_s = None
 
     def cat(self, cache):
         self.prepare(cache)
@@ -304,14 +308,15 @@ def data_wait_share(comm, topo, steps: int, driver: str | None = None) -> dict:
 
 
 def medians(rows: list) -> list:
-    """One row per method (first-seen order), the round of median time; ``samples`` are equal."""
+    """One row per method (first-seen order): the round of median time, the median CPU seconds."""
     by = {}
     for r in rows:
         by.setdefault(r["method"], []).append(r)
     out = []
     for same in by.values():
         r = sorted(same, key=lambda r: r["seconds"])[len(same) // 2]
-        out.append({**r, "rounds": len(same)})
+        cpu = sorted(r["cpu_s"] for r in same)[len(same) // 2]
+        out.append({**r, "rounds": len(same), "cpu_s": cpu})
     return out
 
 
@@ -342,8 +347,9 @@ def table(rows: list, job: dict, header: str) -> str:
 
 
 def integrity(rows: list) -> list[str]:
-    """One line per cache state: the checks' cost against the same run's unchecked rows (the mean
-    rows: the checked and unchecked first epochs of the same interleaved rounds)."""
+    """One line per cache state: the checks' cost against the same run's unchecked row (medians of
+    the same interleaved rounds), in speed and in CPU seconds (the unchecked epoch's over the checked
+    one's: the speed share a host with no spare core would see)."""
     out = []
     for cache in ("cold", "warm"):
         got, plain = {}, []
@@ -354,13 +360,15 @@ def integrity(rows: list) -> list[str]:
                 if r["method"].startswith(m):
                     got.setdefault(m, r)
             if r["method"].startswith(PLAIN) and not plain:       # the serial row before the auto one
-                plain.append(r["samples_per_s"])
+                plain = [r["samples_per_s"], r["cpu_s"]]
         if CHECK not in got or not plain:
             continue
         base = plain[0]
+        cpu = plain[1]
         line = (f"integrity ({cache}): first epoch with per-block XXH3-128 as read (v4): "
-                f"{100 * got[FIRST]['samples_per_s'] / base:.0f} % of the unchecked block plan; with per-block "
-                f"SHA-256 (v3): {100 * got[FIRST_SHA]['samples_per_s'] / base:.0f} %; with the "
+                f"{100 * got[FIRST]['samples_per_s'] / base:.0f} % of the unchecked block plan "
+                f"(CPU: {100 * cpu / got[FIRST]['cpu_s']:.0f} %); with per-block SHA-256 (v3): "
+                f"{100 * got[FIRST_SHA]['samples_per_s'] / base:.0f} % (CPU: {100 * cpu / got[FIRST_SHA]['cpu_s']:.0f} %); with the "
                 f"whole-file check at open (v1/v2, {got[CHECK]['seconds']:.2f} s, {got[CHECK]['mb_per_s']:.0f} MB/s): "
                 f"{100 * got[WHOLE]['samples_per_s'] / base:.0f} %; later epochs 100 % (same reads)")
         loaders = [r for r in rows if r["cache"] == cache and r["method"].startswith(LOADER)]

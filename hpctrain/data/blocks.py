@@ -1,15 +1,17 @@
 """Per-block digests of one shard file (index v3/v4): verify on read, not before.
 
-The index lists the digest (XXH3-128, or SHA-256 in indexes made before v4; ``index.py``) of every fixed ``B``-byte block of the file and which blocks lie
-wholly inside the contiguous storage of ``x`` or ``y`` ("data" blocks, ``index.py``). The others
-— HDF5 metadata, the edges of the datasets, free space: a few blocks per file — are checked
-before HDF5 parses the file (:meth:`BlockCheck.check`). A data block is checked the first time a
-read touches it (:meth:`BlockCheck.read_into`): the bytes the loader asked for go straight into
-its buffer and are hashed there, cache-hot, and only the rest of a block cut by the read's ends
-is read on the side, once. With SHA-256 the blocks of one read are read and hashed by a small
-thread pool (``hashlib`` and ``preadv`` release the GIL), so the hashing runs beside the reading;
-XXH3 runs at several times memory-copy speed, so its blocks are hashed in the reading thread. A block that does not match raises a :class:`ShardError` naming the file and the block
-before :meth:`read_into` returns, so no sample of it reaches a batch.
+The index lists the digest (XXH3-128, or SHA-256 in indexes made before v4; ``index.py``) of every
+fixed ``B``-byte block of the file and which blocks lie wholly inside the contiguous storage of
+``x`` or ``y`` ("data" blocks). The others — HDF5 metadata, the edges of the datasets, free space:
+a few blocks per file — are checked before HDF5 parses the file (:meth:`BlockCheck.check`). A
+data block is checked the first time a read touches it (:meth:`BlockCheck.read_into`): the bytes
+the loader asked for go straight into its buffer with one ``pread``, as unchecked, and are hashed
+there, cache-hot; only the rest of a block cut by the read's ends is read on the side, once.
+SHA-256 hashes the blocks of one read in a small thread pool (``hashlib`` releases the GIL);
+XXH3 runs at several times memory-copy speed, faster than a hand-off to a thread, so its blocks
+are hashed in the reading thread. A block that does not match raises a :class:`ShardError`
+naming the file and the block before :meth:`read_into` returns, so no sample of it reaches a
+batch.
 """
 from __future__ import annotations
 
@@ -19,7 +21,6 @@ import numpy as np
 
 from hpctrain.data.direct import pread_full
 from hpctrain.data.index import ShardError, block_digest_name, block_hasher
-
 
 THREADED = ("sha256",)   # digests slow enough to hash a read's blocks in a pool; XXH3 hashes a block in
                          # less time than handing it to a thread costs
@@ -96,9 +97,10 @@ class BlockCheck:
         self.done[list(blocks)] = True
 
     def check_read(self, pos: int, view: memoryview, read_bytes, pool) -> None:
-        """``view`` holds the file's bytes ``[pos, pos + len(view))``, read by HDF5 (``mpio``): check
-        the blocks they touch that have not matched yet, reading the rest of a block cut by the range
-        with ``read_bytes(pos, view)``. Raises the first mismatch as a :class:`ShardError`."""
+        """``view`` holds the file's bytes ``[pos, pos + len(view))``, just read: check the blocks
+        they touch that have not matched yet, reading the rest of a block cut by the range with
+        ``read_bytes(pos, view)`` (here, not in the pool: it may be an HDF5 read). Raises the first
+        mismatch as a :class:`ShardError`."""
         end = pos + len(view)
         first, last = pos // self.block_bytes, (end - 1) // self.block_bytes
         pending = [k for k in range(first, last + 1) if not self.done[k]] if len(view) else []
@@ -127,35 +129,15 @@ class BlockCheck:
         self.mark_done(pending)
 
     def read_into(self, fd: int, pos: int, view: memoryview, pool) -> bool:
-        """Read bytes ``[pos, pos + len(view))`` into ``view``, checking every block they touch that
-        has not matched yet; ``False`` (nothing read) when none is left to check. Raises the
-        first mismatch as a :class:`ShardError`."""
+        """Read bytes ``[pos, pos + len(view))`` into ``view`` (one ``pread``, as unchecked) and check
+        every block they touch that has not matched yet; ``False`` (nothing read) when none is left
+        to check. Raises the first mismatch as a :class:`ShardError`."""
         end = pos + len(view)
         first, last = pos // self.block_bytes, (end - 1) // self.block_bytes
         if not len(view) or self.done[first:last + 1].all():
             return False
-
-        def one(k: int) -> str | None:
-            a, b = self.span(k)
-            s, e = max(pos, a), min(end, b)
-            out = view[s - pos:e - pos]
-            if self.done[k]:
-                pread_full(fd, out, s)
-                return None
-            h = block_hasher(self.digest)
-            for lo, piece in ((a, _scratch(s - a)), (s, out), (e, _scratch(b - e))):
-                if len(piece):
-                    pread_full(fd, piece, lo)
-                    h.update(piece)
-            return self.problem(k, h.digest())
-
-        blocks = range(first, last + 1)
-        threaded = pool is not None and len(blocks) > 1 and self.digest in THREADED
-        found = list(pool.map(one, blocks)) if threaded else [one(k) for k in blocks]
-        bad = next((p for p in found if p), None)
-        if bad:
-            raise ShardError(bad)
-        self.done[first:last + 1] = True
+        pread_full(fd, view, pos)
+        self.check_read(pos, view, lambda at, buf: pread_full(fd, buf, at), pool)
         return True
 
 
