@@ -114,7 +114,11 @@ def data_block_ranges(extents, block_bytes: int) -> list[list[int]]:
 
 
 def write_index(directory: str, meta: dict) -> None:
-    meta = {"format": FORMAT, "version": VERSION, **meta}
+    """``meta`` as the index, its version the lowest that holds it: 3 unless a block digest needs 4,
+    so data converted with ``--block-digest sha256`` stays readable by hpctrain before v4."""
+    shards = [e for sp in meta.get("splits", {}).values() for e in sp["shards"]]
+    version = VERSION if any(k in e.get("blocks", {}) for e in shards for k in BLOCK_DIGESTS if k != "sha256") else 3
+    meta = {"format": FORMAT, "version": version, **meta}
     atomic_write_text(os.path.join(directory, INDEX), json.dumps(meta, indent=1))
 
 
