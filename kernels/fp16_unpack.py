@@ -2,8 +2,8 @@
 
 The inverse of `fp16_pack`: the caller passes the inverse scale (e.g. 1 / (loss_scale * world)).
 Values are widened to fp32 before the multiply; with `accumulate=True` the result is added to
-the tensors' current values in fp32 (DESIGN.md: a mixed-dtype fp32 += fp16 `add_` is 6x slower
-than converting first).
+the tensors' current values in fp32 (a mixed-dtype fp32 += fp16 `add_` is several times slower than
+converting first: docs/environment.md).
 """
 import numpy as np
 import torch

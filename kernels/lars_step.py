@@ -1,6 +1,6 @@
 """lars_update: the LARS momentum step for many tensors in one pass (one launch on GPU).
 
-DESIGN.md / You et al. 2017 / MLPerf `lars_optimizer.py`, with the per-tensor step size
+docs/large-batch.md / You et al. 2017 / MLPerf `lars_optimizer.py`, with the per-tensor step size
 `step[t] = lr * lambda_t` computed by the caller from `multi_tensor_sq_norms`:
 
     u = step[t] * (g + weight_decay * w)

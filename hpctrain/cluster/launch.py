@@ -19,7 +19,7 @@ from hpctrain.cluster.spec import ClusterSpec, hostfile_text
 
 __all__ = ["mpiexec_argv", "run_mpiexec", "exec_argv", "MPI_ENV"]
 
-# Open MPI as root, oversubscribed on a small machine (see DESIGN.md "Environment facts").
+# Open MPI as root, oversubscribed on a small machine (docs/environment.md).
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
            "OMPI_MCA_rmaps_base_oversubscribe": "1"}
 

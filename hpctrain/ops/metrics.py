@@ -35,7 +35,7 @@ class MetricsLog:
 
 
 def gpu_time(wall_s: float, world_size: int, epochs: float) -> dict:
-    """Seed 000's "actual average single-GPU training time" (DESIGN.md): wall × ranks, per epoch."""
+    """Seed 000's "actual average single-GPU training time" (docs/operations.md): wall × ranks, per epoch."""
     total = wall_s * world_size
     return {"gpu_time_s": total, "avg_single_gpu_time_per_epoch_s": total / epochs if epochs else 0.0}
 

@@ -1,7 +1,7 @@
 """``python -m hpctrain report RUN_DIR [--baseline RUN_DIR_1RANK]``: figures and plots of a run.
 
 Reads ``RUN_DIR/metrics.jsonl`` and prints throughput, the time breakdown per phase, GPU-hours
-and seed 000's "actual average single-GPU training time" (wall × ranks / epochs, DESIGN.md);
+and seed 000's "actual average single-GPU training time" (wall × ranks / epochs, docs/operations.md);
 with ``--baseline`` (a run of the same config on fewer ranks, normally 1) also the speed-up and
 the scaling efficiency, speed-up / (ranks / baseline ranks). Writes matplotlib (Agg) PNGs to
 ``RUN_DIR/report/``: loss, accuracy, learning rate, samples/s and the phase breakdown.

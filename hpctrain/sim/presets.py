@@ -53,7 +53,7 @@ NETWORKS = {
 
 INTRA = {
     "shm": IntraPreset(5.0, 1e-6, "CPU shared memory, measured here: MPI-3 window reduction of "
-                                  "64 MiB over 2 ranks in 12.5 ms (DESIGN.md)"),
+                                  "64 MiB over 2 ranks in 12.5 ms (docs/environment.md)"),
     "pcie3": IntraPreset(10.0, 5e-6, "PCIe 3.0 x16 (16 GB/s nominal), ~10 GB/s achieved"),
     "nvlink-p100": IntraPreset(40.0, 5e-6, "NVLink 1 (DGX-1/Big Basin P100), approximate"),
     "nvlink-v100": IntraPreset(100.0, 5e-6, "NVLink 2 (SXM2 V100), approximate"),
@@ -132,7 +132,7 @@ DEVICES = {
     "cpu": DevicePreset(10, {
         ("resnet50", "fp32"): (1.9, 8, "measured here: hpctrain resnet50 fwd+bwd+SGD, 1 torch "
                                    "thread, batch 8, 4.2 s/step on a shared 2-core VM"),
-    }, convert_s_per_elem=0.15e-9),  # torch copy_ fp32→fp16: 2.4 ms per 16 M elements (DESIGN.md)
+    }, convert_s_per_elem=0.15e-9),  # torch copy_ fp32→fp16: 2.4 ms per 16 M elements (docs/environment.md)
 }
 
 

@@ -1,4 +1,4 @@
-"""lars_update reference against the DESIGN.md LARS formula in NumPy float64."""
+"""lars_update reference against the LARS formula of docs/large-batch.md in NumPy float64."""
 import numpy as np
 import pytest
 import torch

@@ -2,7 +2,7 @@
 
 Data movement (broadcast, allgather, alltoall) goes as bytes, so every dtype travels unchanged.
 Reductions need MPI to understand the numbers: the integer and fp32/fp64 types go as they are;
-MPI has no fp16 or bf16 sum (Open MPI raises, MPICH aborts; DESIGN.md), so half-precision
+MPI has no fp16 or bf16 sum (Open MPI raises, MPICH aborts; docs/environment.md), so half-precision
 tensors are reduced in an fp32 accumulator and rounded once at the end - more accurate than
 Horovod's CPU path, which adds in fp16. Device tensors are staged through host memory.
 """
