@@ -160,6 +160,12 @@ class Bucket:
         """Is ``grad`` one of this bucket's views for ``params[p_index]``?"""
         return grad is not None and (grad is self.views[0][p_index] or grad is self.views[1][p_index])
 
+    def forget_buffers(self) -> None:
+        """Drop every reference into ``bufs`` (the strategy is about to unmap their memory);
+        call after :meth:`release`."""
+        self.bufs = [torch.empty(0, dtype=self.bufs[0].dtype)] * 2
+        self.views = []
+
     def release(self) -> None:
         """Give every parameter whose ``.grad`` is a view of these buffers a private copy."""
         for i, p in enumerate(self.params):

@@ -160,8 +160,7 @@ class HierarchicalSync(GradSync):
 
     def _free(self) -> None:
         for b in self.buckets:   # drop views of the window before unmapping it
-            b.bufs = [torch.empty(0, dtype=b.bufs[0].dtype)] * 2
-            b.views = []
+            b.forget_buffers()
         self._segs, self._rings, self._flags = [], [], []
         self._win.free()
         for c in self._intra + self._inter:
