@@ -134,9 +134,7 @@ class DistributedTrainer:
         """Collective: make every replica identical — complete any update still in flight
         (OD-SGD's pending global step) and take rank 0's buffers. Call before evaluating or
         saving; the checkpointer does."""
-        done = getattr(self.algo, "finish", None)
-        if done is not None:
-            done()
+        self.algo.finish()
         self.sync_buffers()
 
     @contextlib.contextmanager
@@ -162,4 +160,11 @@ class DistributedTrainer:
         self.step_count = int(state["step"])
 
     def close(self) -> None:
-        self.sync.close()
+        """Collective: close what the trainer made - the update algorithm (its hooks on the
+        model go) and the gradient sync (its hooks, communicators and windows; each ``p.grad``
+        becomes a private copy). A round still in flight is waited for, not applied: call
+        :meth:`finish` first to keep OD-SGD's pending update. Idempotent."""
+        try:
+            self.algo.close()
+        finally:
+            self.sync.close()

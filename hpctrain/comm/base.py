@@ -22,6 +22,7 @@ from hpctrain.comm import staging as staging_lib
 from hpctrain.comm import tuner
 from hpctrain.comm.buckets import DEFAULT_BUCKET_BYTES, Bucket, bucket_sizes, make_buckets
 from hpctrain.comm.progress import Pending
+from hpctrain.comm.wire import Wire
 from hpctrain.topology import Topology
 
 
@@ -55,7 +56,7 @@ class GradSync:
         one_rank = self.comm.Get_size() == 1
         direct_ok = (one_rank or not self.codec.compresses) and type(self)._alloc is GradSync._alloc
         self.buckets = make_buckets(self.params, bucket_bytes, alloc=self._alloc, direct_ok=direct_ok,
-                                    one_rank=one_rank)
+                                    one_rank=one_rank, wire=self._wire)
         self._setup()
         self._bucket_of = {id(p): b.index for b in self.buckets for p in b.params}
         self._pending: dict[int, Pending] = {}
@@ -74,9 +75,11 @@ class GradSync:
     # --- what a strategy provides -------------------------------------------------------------
     def reduce_bucket(self, bucket: Bucket):
         """Generator: ``bucket.out <- mean over ranks`` of ``bucket.flat`` (full precision:
-        scale by ``gather_scale`` in the reduction), or of the packed, pre-divided ``wire``
-        (compressed: leave the mean in ``wire`` and set ``bucket.encoded``); returns found_inf,
-        the same on every rank. Must not write ``bucket.flat`` (out of place).
+        scale by ``gather_scale`` in the reduction), or of the packed, pre-divided
+        ``bucket.wire`` (a whole-bucket wire: leave the mean there, in place; the bucket decodes
+        it when read); returns found_inf, the same on every rank. Must not write
+        ``bucket.flat`` (out of place), nor any bucket field: the wire's codec
+        (``bucket.codec``, ``bucket.link``) does the format work.
 
         Yields lists of MPI requests it waits on; must not touch ``p.grad``.
         """
@@ -110,6 +113,11 @@ class GradSync:
 
     def _alloc(self, n_elems: int, dtype, index: int, which: int, pinned: bool = False) -> torch.Tensor:
         return torch.zeros(n_elems, dtype=dtype, pin_memory=pinned)
+
+    def _wire(self, index: int, n_elems: int, dtype) -> Wire:
+        """Bucket ``index``'s wire (:func:`make_buckets` asks while making it): by default the
+        whole bucket among all ranks, compressed where its size makes that worth it."""
+        return Wire.sized(self.codec, n_elems, dtype, self.comm.Get_size(), whole=True)
 
     def _setup(self) -> None:
         """Called once the buckets exist (per-bucket communicators, scratch buffers)."""

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from hpctrain.comm import staging as staging_lib
+from hpctrain.comm.wire import Wire
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20
 
@@ -50,17 +51,31 @@ class Bucket:
     bufs: list              # two 1-D buffers, dtype of the parameters
     index: int
     k: int = 1              # round t's input is bufs[k] (flipped when a round starts)
-    wire: torch.Tensor = None     # compressed strategies: gradients are packed here instead of
-    codec: object = None          # being read from ``flat``; the mean is left here, encoded,
-    encoded: bool = False         # until read (``result``) or bound (``scatter``)
+    link: Wire = None       # what crosses between ranks (hpctrain.comm.wire), made with the
+                            # bucket and never replaced; None: full precision, no buffer
     views: list = field(default=None, repr=False)   # views[j][i]: params[i]'s slice of bufs[j]
     staging: object = None        # device buckets: the device buffers the views live in
                                   # (hpctrain.comm.staging); None: the views live in ``bufs``
+    _encoded: bool = field(default=False, init=False, repr=False)  # the mean is still in the
+                            # wire, packed (read: ``result``; bound: ``scatter``)
 
     def __post_init__(self):
+        if self.link is None:
+            self.link = Wire()
         homes = self.bufs if self.staging is None else self.staging.dev
         self.views = [[buf[off:off + p.numel()].view_as(p) for p, off in zip(self.params, self.offsets)]
                       for buf in homes]
+
+    @property
+    def wire(self) -> torch.Tensor | None:
+        """The buffer the whole bucket travels in, packed (None: ``flat``/``out`` travel
+        themselves). Read-only: the wire belongs to the bucket."""
+        return self.link.buf if self.link.packs_bucket else None
+
+    @property
+    def codec(self):
+        """The codec of this bucket's wire (read-only)."""
+        return self.link.codec
 
     @property
     def flat(self) -> torch.Tensor:
@@ -82,11 +97,11 @@ class Bucket:
         staged bucket, copied to its device buffer on first read - an encoded mean as fp16,
         decoded there - and returned from there)."""
         if self.staging is not None:
-            wire, self.encoded = (self.wire if self.encoded else None), False
-            return self.staging.to_device(self.out, self.staging.dev[1 - self.k], self.codec, wire)
-        if self.encoded:
-            self.codec.unpack(self.wire, [self.out])
-            self.encoded = False
+            wire, self._encoded = (self.link if self._encoded else None), False
+            return self.staging.to_device(self.out, self.staging.dev[1 - self.k], wire)
+        if self._encoded:
+            self.link.unpack([self.out])
+            self._encoded = False
         return self.out
 
     def stage_in(self, scale: float) -> staging_lib.Ready:
@@ -95,16 +110,16 @@ class Bucket:
         ``scale`` times it into fp16 on the device first and only the wire crosses
         (:mod:`hpctrain.comm.staging`). Returns what the reduction must wait on."""
         st = self.staging
-        if self.wire is None:
+        if not self.link.packs_bucket:
             return st.to_host(st.dev[self.k], self.flat)
-        self.wire = st.host_wire(self.wire)
-        return st.to_host(st.dev[self.k], self.flat, self.codec, self.wire, scale)
+        self._encoded = True        # the round's values (then the mean) are in the wire
+        return st.to_host(st.dev[self.k], self.flat, self.link, scale)
 
     def next_round(self) -> None:
         """Swap the buffers: the last round's ``out`` (where ``p.grad`` views point after a
         scatter) becomes this round's input."""
         self.k ^= 1
-        self.encoded = False
+        self._encoded = False
 
     def gather_grads(self, scale: float = 1.0) -> None:
         """Make this round's input hold this rank's gradients (zeros where a grad is missing).
@@ -117,7 +132,7 @@ class Bucket:
         scaling to the reduction, which folds it into its last add.
         """
         mine, theirs = self.views[self.k], self.views[1 - self.k]
-        packed = self.wire is not None and self.staging is None    # staged: packed in stage_in
+        packed = self.link.packs_bucket and self.staging is None    # staged: packed in stage_in
         srcs = []
         for i, (p, v) in enumerate(zip(self.params, mine)):
             g = p.grad
@@ -129,8 +144,9 @@ class Bucket:
             elif g is not v and not packed:
                 v.copy_(g)
             srcs.append(g)
-        if packed:
-            self.codec.pack([g.reshape(-1) for g in srcs], self.wire, scale)
+        if packed:          # the round's values (then the mean, in place) are in the wire
+            self.link.pack([g.reshape(-1) for g in srcs], scale)
+            self._encoded = True
 
     def scatter_grads(self) -> None:
         """Bind every ``p.grad`` to its view of the mean (decoding the wire into ``out`` first
@@ -143,6 +159,12 @@ class Bucket:
     def owns(self, p_index: int, grad) -> bool:
         """Is ``grad`` one of this bucket's views for ``params[p_index]``?"""
         return grad is not None and (grad is self.views[0][p_index] or grad is self.views[1][p_index])
+
+    def forget_buffers(self) -> None:
+        """Drop every reference into ``bufs`` (the strategy is about to unmap their memory);
+        call after :meth:`release`."""
+        self.bufs = [torch.empty(0, dtype=self.bufs[0].dtype)] * 2
+        self.views = []
 
     def release(self) -> None:
         """Give every parameter whose ``.grad`` is a view of these buffers a private copy."""
@@ -170,7 +192,7 @@ def _groups(params, bucket_bytes: int) -> list[list]:
 
 
 def make_buckets(params, bucket_bytes: int, alloc=None, direct_ok: bool = False,
-                 one_rank: bool = False) -> list[Bucket]:
+                 one_rank: bool = False, wire=None) -> list[Bucket]:
     """Group parameters into buckets of about ``bucket_bytes``, last-used (last-defined) first.
 
     Backward produces gradients roughly in reverse definition order, so reversing lets the first
@@ -179,6 +201,8 @@ def make_buckets(params, bucket_bytes: int, alloc=None, direct_ok: bool = False,
     provides each bucket's two host buffers, the ones MPI reads (``which`` 0 and 1; default:
     fresh zeroed tensors; the hierarchical strategy hands out window memory); a staged bucket's
     are asked for with ``pinned=True`` where CUDA can use page-locked memory.
+    ``wire(index, n_elems, dtype)`` gives each bucket its one :class:`~hpctrain.comm.wire.Wire`
+    (default: full precision, nothing to pack); a staged bucket's whole wire is staged with it.
 
     This is the one place that decides where a bucket's gradients live
     (:func:`hpctrain.comm.staging.route`): a bucket of CPU parameters keeps them in its host
@@ -212,7 +236,10 @@ def make_buckets(params, bucket_bytes: int, alloc=None, direct_ok: bool = False,
                     for which in (0, 1)]
         else:
             bufs = [alloc(n, dtype, i, which) for which in (0, 1)]
-        out.append(Bucket(params=group, offsets=offsets, bufs=bufs, index=i, staging=staging))
+        link = wire(i, n, dtype) if wire is not None else Wire()
+        if staging is not None:
+            link.stage(staging)
+        out.append(Bucket(params=group, offsets=offsets, bufs=bufs, index=i, link=link, staging=staging))
     registry.register([buf for b in out if b.staging is not None for buf in b.bufs])
     return out
 

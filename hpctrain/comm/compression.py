@@ -3,13 +3,16 @@
 Horovod's ``compression.py`` gives each compressor ``compress(t) -> (t', ctx)`` and
 ``decompress(t', ctx)``; that suffices when the MPI library does the summing. MPI has no FP16
 sum (Open MPI raises, MPICH aborts; a Python ``MPI.Op`` costs 190-370 ms per 26 M elements,
-DESIGN.md), so our ring (:mod:`hpctrain.comm.ring`) sums itself and a codec provides:
+DESIGN.md), so our ring (:mod:`hpctrain.comm.ring`) sums itself and a codec provides what
+:class:`Codec` states (every codec in :data:`COMPRESSIONS` implements all of it):
 
-* ``pack(tensors, wire, scale)``  fp32 tensors (the gradients themselves) -> the wire buffer
-* ``unpack(wire, tensors)``       the wire buffer -> fp32 tensors (the gradients themselves)
+* ``pack(tensors, wire, scale)``  gradients (the tensors themselves) -> the wire buffer
+* ``unpack(wire, tensors)``       the wire buffer -> gradients (the tensors themselves)
 * ``reduce(dst, recv, scratch, check)``  ``dst += recv`` on the wire format, accumulated in
   fp32; with ``check``, returns whether the result holds inf/NaN
-* ``compresses`` / ``mpi_summable`` / ``wire_buffer(n)`` / ``scratch(n)`` / ``check_dtype``
+* ``compresses`` / ``mpi_summable`` / ``wire_buffer(n, dtype)`` / ``scratch(n)`` / ``check_dtype``
+
+Only :class:`hpctrain.comm.wire.Wire`, a bucket's one wire, calls ``pack``/``unpack``.
 
 Pack and unpack are the multi-tensor ``kernels`` (one CuPy launch on GPU), called where a
 full-precision strategy copies: gradients -> bucket before, bucket -> gradients after. So fp16
@@ -24,14 +27,47 @@ and the sum of ``world`` gradients of magnitude up to 65504 cannot overflow.
 """
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
 import torch
 
 import kernels
 from hpctrain.comm.ring import SMALL_BYTES
 
 
+@runtime_checkable
+class Codec(Protocol):
+    """The wire format contract: what the ring (:mod:`hpctrain.comm.ring`), the wire
+    (:mod:`hpctrain.comm.wire`) and the tuner ask of a codec."""
+
+    name: str               # the ``comm.compression`` value
+    compresses: bool        # does the format differ from the gradients' own (a wire buffer)?
+    mpi_summable: bool      # may MPI's own allreduce sum it?
+
+    def check_dtype(self, dtype: torch.dtype) -> None:
+        """Raise a ValueError naming ``comm.compression`` for gradients it cannot carry."""
+
+    def wire_buffer(self, n_elems: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """A buffer for ``n_elems`` gradients of ``dtype`` in the wire format."""
+
+    def scratch(self, n_elems: int):
+        """What :meth:`reduce` needs beside chunks of up to ``n_elems`` (allocated once)."""
+
+    def pack(self, tensors, wire: torch.Tensor, scale: float = 1.0) -> None:
+        """``wire <- scale * concat(tensors)``, in the wire format."""
+
+    def unpack(self, wire: torch.Tensor, tensors) -> None:
+        """``tensors <- wire`` (split in order), in the tensors' dtype."""
+
+    def reduce(self, dst, recv, scratch, check: bool, src=None, scale: float = 1.0) -> bool:
+        """``dst = scale * (src + recv)`` on the wire format (``src`` defaults to ``dst``); with
+        ``check``, whether the result holds inf/NaN."""
+
+
 class NoCompression:
-    """Full precision on the wire; the bucket itself travels (no copies, MPI can sum it).
+    """Full precision on the wire; the bucket itself travels (no copies, MPI can sum it), so
+    strategies never pack it. ``pack``/``unpack`` are plain copies, for a caller that wants
+    one wire interface whatever the codec.
 
     ``reduce`` goes piece by piece (``PIECE_ELEMS``) when it scales or checks: the multiply and
     the inf/NaN sum then read the piece the add just wrote while it is still in L2, instead of
@@ -44,6 +80,23 @@ class NoCompression:
 
     def check_dtype(self, dtype: torch.dtype) -> None:
         """Any floating dtype MPI can sum."""
+
+    def wire_buffer(self, n_elems: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.empty(n_elems, dtype=dtype)
+
+    def pack(self, tensors, wire, scale: float = 1.0) -> None:
+        lo = 0
+        for t in tensors:
+            hi = lo + t.numel()
+            torch.mul(t.reshape(-1), scale, out=wire[lo:hi])
+            lo = hi
+
+    def unpack(self, wire, tensors) -> None:
+        lo = 0
+        for t in tensors:
+            hi = lo + t.numel()
+            t.copy_(wire[lo:hi].view_as(t))
+            lo = hi
 
     def scratch(self, n_elems: int):
         return torch.empty(-(-n_elems // self.PIECE_ELEMS), dtype=torch.float64)
@@ -92,7 +145,7 @@ class FP16Compression:
             raise ValueError(f"comm.compression: fp16 needs float32 gradients, got {dtype} "
                              "(use compression 'none')")
 
-    def wire_buffer(self, n_elems: int) -> torch.Tensor:
+    def wire_buffer(self, n_elems: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return torch.empty(n_elems, dtype=torch.float16)
 
     def scratch(self, n_elems: int):

@@ -14,7 +14,6 @@ where the network is uniform. Compare ChainerMN's ``flat_communicator.py``.
 """
 from hpctrain.comm.base import GradSync
 from hpctrain.comm.buckets import Bucket
-from hpctrain.comm.compression import wire_codec
 from hpctrain.comm import tuner
 from hpctrain.comm.ring import RingBuffers, ring_allreduce
 
@@ -26,34 +25,27 @@ class FlatSync(GradSync):
         # One communicator per bucket: rings of different buckets may be in flight together.
         self._comms = [self.comm.Dup() for _ in self.buckets]
         n = self.comm.Get_size()
-        self._codecs, self._rings = [], []
-        for b, comm in zip(self.buckets, self._comms):
-            n_bytes = b.n_elems * b.bufs[0].element_size()
-            codec = wire_codec(self.codec, n_bytes, n)
-            if codec.compresses:
-                b.wire, b.codec = codec.wire_buffer(b.n_elems), codec
+        self._rings = []
+        for b, comm in zip(self.buckets, self._comms):    # b.codec: its wire's (GradSync._wire)
             dtype = b.bufs[0].dtype if b.wire is None else b.wire.dtype
             # measured on the bucket's own buffers (overwritten by the first round anyway), as
             # a training step will call it: blocking unless overlapped
-            method = tuner.choose(comm, b.bufs[0], b.bufs[1], codec, self.gather_scale,
+            method = tuner.choose(comm, b.bufs[0], b.bufs[1], b.codec, self.gather_scale,
                                   not self.overlap, self.tune, self.measured)
-            self._codecs.append(codec)
-            self._rings.append(RingBuffers(b.n_elems, dtype, n, codec, method, b.bufs[0].device))
+            self._rings.append(RingBuffers(b.n_elems, dtype, n, b.codec, method, b.bufs[0].device))
 
     def reduce_bucket(self, bucket: Bucket):
         i = bucket.index
         if bucket.wire is not None:         # packed and pre-divided by gather_grads; in place
-            found = yield from ring_allreduce(self._rings[i], self._comms[i], self._codecs[i],
-                                              bucket.wire, bucket.wire)
-            bucket.encoded = True           # decoded into out by scatter, or on read
-            return found
-        return (yield from ring_allreduce(self._rings[i], self._comms[i], self._codecs[i],
+            return (yield from ring_allreduce(self._rings[i], self._comms[i], bucket.codec,
+                                              bucket.wire, bucket.wire))
+        return (yield from ring_allreduce(self._rings[i], self._comms[i], bucket.codec,
                                           bucket.flat, bucket.out, self.gather_scale,
                                           blocking=self.blocking_round))
 
     def _methods(self) -> list[str]:
-        return [ring.method if codec.name == "none" else f"{ring.method}/{codec.name}"
-                for ring, codec in zip(self._rings, self._codecs)]
+        return [ring.method if b.codec.name == "none" else f"{ring.method}/{b.codec.name}"
+                for ring, b in zip(self._rings, self.buckets)]
 
     def handles(self) -> list:
         return list(self._comms)

@@ -36,11 +36,11 @@ from mpi4py import MPI
 
 from hpctrain.comm.base import GradSync
 from hpctrain.comm.buckets import Bucket
-from hpctrain.comm.compression import wire_codec
 from hpctrain.comm.fused import sum_into
 from hpctrain.comm import tuner
 from hpctrain.comm.ring import RingBuffers, chunk_bounds, ring_allreduce
 from hpctrain.comm.window import SharedWindow, aligned, layout
+from hpctrain.comm.wire import Wire
 
 def nodes_share_memory(topo) -> bool:
     """Do the ranks of every node share memory? Collective, the same answer on every rank."""
@@ -76,32 +76,42 @@ class HierarchicalSync(GradSync):
         t = self.topo
         self._intra = [t.intra.Dup() for _ in self.buckets]
         self._inter = [t.inter.Dup() for _ in self.buckets] if t.n_nodes > 1 else []
-        self._segs, self._slice, self._rings, self._codecs, self._flags = [], [], [], [], []
+        self._segs, self._slice, self._rings, self._flags = [], [], [], []
         for b in self.buckets:
             dtype = b.bufs[0].dtype
             # segs[which][r]: local rank r's buffer ``which`` of this bucket
             self._segs.append([[self._view(r, b.index, which, b.n_elems, dtype) for r in range(t.local_size)]
                                for which in (0, 1)])
             self._flags.append(self._win.root_view(b.index * t.local_size, t.local_size, torch.uint8))
-            sl, ring, codec = None, None, None
-            if t.local_rank < self._n_slices:
-                lo, hi = chunk_bounds(b.n_elems, self._n_slices)[t.local_rank:t.local_rank + 2]
-                sl = slice(lo, hi)
-                if t.n_nodes > 1:   # slice bounds are the same on every node: so is this choice
-                    n_bytes = (hi - lo) * b.bufs[0].element_size()
-                    codec = wire_codec(self.codec, n_bytes, t.n_nodes)
-                    wire = codec.wire_buffer(hi - lo) if codec.compresses else None
-                    # measured (tune) across nodes on this slice of this rank's output, in place
-                    # and non-blocking as the reduction runs it; every rank of the inter
-                    # communicator has the same slice sizes, so they measure alike
-                    mine = b.bufs[1][sl]
-                    method = tuner.choose(self._inter[b.index], mine, mine, codec, 1.0, False,
-                                          self.tune, self.measured)
-                    ring = (RingBuffers(hi - lo, dtype if wire is None else wire.dtype, t.n_nodes, codec,
-                                        method), wire)
+            sl, ring = self._slice_of(b.n_elems), None
+            if sl is not None and t.n_nodes > 1:
+                # measured (tune) across nodes on this slice of this rank's output, in place
+                # and non-blocking as the reduction runs it; every rank of the inter
+                # communicator has the same slice sizes, so they measure alike
+                mine, wire = b.bufs[1][sl], b.link.buf
+                method = tuner.choose(self._inter[b.index], mine, mine, b.codec, 1.0, False,
+                                      self.tune, self.measured)
+                ring = RingBuffers(sl.stop - sl.start, dtype if wire is None else wire.dtype, t.n_nodes,
+                                   b.codec, method)
             self._slice.append(sl)
             self._rings.append(ring)
-            self._codecs.append(codec)
+
+    def _slice_of(self, n_elems: int) -> slice | None:
+        """This local rank's slice of a bucket of ``n_elems`` (None: it owns none)."""
+        t = self.topo
+        if t.local_rank >= self._n_slices:
+            return None
+        lo, hi = chunk_bounds(n_elems, self._n_slices)[t.local_rank:t.local_rank + 2]
+        return slice(lo, hi)
+
+    def _wire(self, index: int, n_elems: int, dtype) -> Wire:
+        """This rank's slice among the nodes (fp16 travels only there: the window level stays
+        full precision; slice bounds are the same on every node, so is the codec); a rank
+        without a slice, or one node, sends nothing."""
+        sl = self._slice_of(n_elems)
+        if sl is None or self.topo.n_nodes == 1:
+            return Wire()
+        return Wire.sized(self.codec, sl.stop - sl.start, dtype, self.topo.n_nodes, whole=False)
 
     def _barrier(self, intra: MPI.Comm):
         """Hand-over point: stores before it are visible to every local rank after it."""
@@ -125,13 +135,13 @@ class HierarchicalSync(GradSync):
                 found = sum_into(srcs, mine, self.gather_scale, copies=others, check=True)
             else:               # level 2, across nodes: fp16 only here, the window stays fp32
                 sum_into(srcs, mine, self.gather_scale)
-                (ring, wire), codec = self._rings[i], self._codecs[i]
-                if wire is not None:
-                    codec.pack([mine], wire)
-                    found = yield from ring_allreduce(ring, self._inter[i], codec, wire, wire)
-                    codec.unpack(wire, [mine])
+                ring, wire = self._rings[i], bucket.link
+                if wire.buf is not None:
+                    wire.pack([mine])
+                    found = yield from ring_allreduce(ring, self._inter[i], wire.codec, wire.buf, wire.buf)
+                    wire.unpack([mine])
                 else:
-                    found = yield from ring_allreduce(ring, self._inter[i], codec, mine, mine)
+                    found = yield from ring_allreduce(ring, self._inter[i], wire.codec, mine, mine)
                 for o in others:
                     o.copy_(mine)
             self._flags[i][t.local_rank] = int(found)
@@ -143,15 +153,14 @@ class HierarchicalSync(GradSync):
     def _methods(self) -> list[str]:
         if self.topo.n_nodes == 1:
             return ["shared-memory"] * len(self.buckets)
-        return [f"shared-memory+{r[0].method}" if r else "shared-memory" for r in self._rings]
+        return [f"shared-memory+{r.method}" if r else "shared-memory" for r in self._rings]
 
     def handles(self) -> list:
         return self._intra + self._inter + [self._win.win]
 
     def _free(self) -> None:
         for b in self.buckets:   # drop views of the window before unmapping it
-            b.bufs = [torch.empty(0, dtype=b.bufs[0].dtype)] * 2
-            b.views = []
+            b.forget_buffers()
         self._segs, self._rings, self._flags = [], [], []
         self._win.free()
         for c in self._intra + self._inter:

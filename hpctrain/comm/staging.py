@@ -12,7 +12,7 @@ driver by :class:`hpctrain.comm.cuda_mpi.HostRegistry`). A round is::
     on the compute stream -> [unpack fp16 on the device] -> dev[1-k], the p.grad views
 
 A compressed bucket (``bucket.wire``: ``flat`` with fp16) packs its gradients on the device with
-``kernels.pack_fp16`` (the codec's ``pack``: the CuPy kernel on CUDA tensors, its torch reference
+``kernels.pack_fp16`` (its wire's ``pack``: the CuPy kernel on CUDA tensors, its torch reference
 on CPU stand-ins) into a device wire buffer and copies only that (half the bytes) into the host
 wire, which the ring reduces; the mean comes back as fp16 and is unpacked on the device
 (``kernels.unpack_fp16``). Same kernels, same bytes as the unstaged path, which packs on the
@@ -152,7 +152,7 @@ class Staging:
                  registry: HostRegistry | None = None):
         self.device = torch.device(device)
         self.dev = [torch.zeros(n_elems, dtype=dtype, device=self.device) for _ in (0, 1)]
-        self.dev_wire = None        # made on the first compressed round, like the host wire
+        self.dev_wire = None        # made with a compressed bucket's wire (host_wire)
         self.landed = True          # is this round's mean on the device already?
         self.cuda = self.device.type == "cuda"      # real CUDA memory (pinning, registration)
         # streams and events (hpctrain.comm.streams; a recording fake in tests), None: host copies
@@ -164,48 +164,48 @@ class Staging:
 
     def host_wire(self, wire: torch.Tensor) -> torch.Tensor:
         """The host wire buffer to copy into: ``wire``, or on CUDA a pinned one like it (once;
-        the strategy allocated it pageable), and the device wire beside it."""
+        the codec allocated it pageable), and the device wire beside it."""
         if self.dev_wire is None:
             self.dev_wire = torch.empty_like(wire, device=self.device)
         if self.cuda and not wire.is_pinned():
             wire = wire.pin_memory()
         return wire
 
-    def to_host(self, dev_flat: torch.Tensor, host_flat: torch.Tensor, codec=None,
-                host_wire: torch.Tensor = None, scale: float = 1.0) -> Ready:
-        """Queue ``host_flat <- dev_flat``, or with ``host_wire``: pack ``scale * dev_flat`` into
-        the device wire with ``codec`` and queue ``host_wire <- dev_wire``. Returns what the
-        reduction waits on before MPI may read the host buffer."""
+    def to_host(self, dev_flat: torch.Tensor, host_flat: torch.Tensor, wire=None,
+                scale: float = 1.0) -> Ready:
+        """Queue ``host_flat <- dev_flat``, or with ``wire`` (a bucket's
+        :class:`~hpctrain.comm.wire.Wire`, staged by :meth:`host_wire`): pack ``scale * dev_flat``
+        into the device wire and queue ``wire.buf <- dev_wire``. Returns what the reduction
+        waits on before MPI may read the host buffer."""
         self.landed = False
         if self.api is None:
-            self._copy_out(dev_flat, host_flat, codec, host_wire, scale)
+            self._copy_out(dev_flat, host_flat, wire, scale)
             return self.ready
         self.stream.wait_stream(self.api.current_stream(self.device))   # gradients complete
         with self.api.stream(self.stream):
-            self._copy_out(dev_flat, host_flat, codec, host_wire, scale)
+            self._copy_out(dev_flat, host_flat, wire, scale)
             self.ready.event.record(self.stream)
         return self.ready
 
-    def _copy_out(self, dev_flat, host_flat, codec, host_wire, scale) -> None:
+    def _copy_out(self, dev_flat, host_flat, wire, scale) -> None:
         async_ = self.api is not None
-        if host_wire is None:
+        if wire is None:
             host_flat.copy_(dev_flat, non_blocking=async_)
         else:       # the kernels run on the current (side) stream, in place, no host sync
-            codec.pack([dev_flat], self.dev_wire, scale)
-            host_wire.copy_(self.dev_wire, non_blocking=async_)
+            wire.pack([dev_flat], scale, into=self.dev_wire)
+            wire.buf.copy_(self.dev_wire, non_blocking=async_)
 
-    def to_device(self, host_flat: torch.Tensor, dev_out: torch.Tensor, codec=None,
-                  host_wire: torch.Tensor = None) -> torch.Tensor:
-        """``dev_out <- host_flat`` (or the encoded mean in ``host_wire``, unpacked on the device)
+    def to_device(self, host_flat: torch.Tensor, dev_out: torch.Tensor, wire=None) -> torch.Tensor:
+        """``dev_out <- host_flat`` (or the encoded mean in ``wire.buf``, unpacked on the device)
         once per round, queued on the compute stream, which the optimiser step reads
         ``p.grad`` on after it; returns ``dev_out``."""
         if not self.landed:
             async_ = self.api is not None
-            if host_wire is None:
+            if wire is None:
                 dev_out.copy_(host_flat, non_blocking=async_)
             else:
-                self.dev_wire.copy_(host_wire, non_blocking=async_)
-                codec.unpack(self.dev_wire, [dev_out])
+                self.dev_wire.copy_(wire.buf, non_blocking=async_)
+                wire.unpack([dev_out], source=self.dev_wire)
             if async_:      # the host buffer is read until this completes (drain)
                 self.back.event.record(self.api.current_stream(self.device))
             self.landed = True

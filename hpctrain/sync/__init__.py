@@ -8,19 +8,23 @@ odsgd     one-step delay SGD (Xu et al., arXiv:2005.06728): the allreduce of ste
           network, many ranks); ``odsgd_warmup_steps`` plain SSGD steps first.
 ========  ===========================================================================
 
-Both algorithms stop on non-finite numbers the same way: :class:`NonFiniteError` (a
-``UserError``: one line, status 2 from the CLI) on every rank at the same step, naming the step
-and the rank(s), unless a loss scaler skipped the step (:mod:`hpctrain.sync.ssgd`).
+Both derive from :class:`UpdateAlgorithm` (:mod:`hpctrain.sync.base`: ``step``, ``finish``,
+``close``, ``state_dict``/``load_state_dict``, and the overflow / loss-scaler decision written
+once). Both stop on non-finite numbers the same way: :class:`NonFiniteError` (a ``UserError``:
+one line, status 2 from the CLI) on every rank at the same step, naming the step and the
+rank(s), unless a loss scaler skipped the step (:mod:`hpctrain.sync.guard`).
 """
 from __future__ import annotations
 
+from hpctrain.sync.base import StepResult, UpdateAlgorithm
+from hpctrain.sync.guard import NonFiniteError
 from hpctrain.sync.odsgd import ODSGD
-from hpctrain.sync.ssgd import SSGD, NonFiniteError, StepResult
+from hpctrain.sync.ssgd import SSGD
 
 ALGORITHMS = {"ssgd": SSGD, "odsgd": ODSGD}
 
 
-def create(name: str, model, optimizer, grad_sync, **kwargs):
+def create(name: str, model, optimizer, grad_sync, **kwargs) -> UpdateAlgorithm:
     try:
         cls = ALGORITHMS[name]
     except KeyError:
@@ -37,4 +41,5 @@ def algorithm_options(sync_cfg) -> dict:
             "dc_lambda": sync_cfg.odsgd_dc_lambda}
 
 
-__all__ = ["ALGORITHMS", "SSGD", "ODSGD", "StepResult", "NonFiniteError", "create", "algorithm_options"]
+__all__ = ["ALGORITHMS", "SSGD", "ODSGD", "StepResult", "NonFiniteError", "UpdateAlgorithm", "create",
+           "algorithm_options"]

@@ -54,7 +54,6 @@ views); plus u^k when μ_l > 0. Extra work per step over SSGD: the local update 
 """
 from __future__ import annotations
 
-import contextlib
 import os
 from typing import Callable
 
@@ -63,7 +62,11 @@ import torch
 from hpctrain.errors import ConfigError
 from hpctrain.ops.metrics import NULL_TIMER, StepTimer
 from hpctrain.optim.loss_scale import all_finite
-from hpctrain.sync.ssgd import SSGD, StepResult, agreed_overflow, unscale_grads_
+from hpctrain.sync.base import StepResult, UpdateAlgorithm, group_lrs
+from hpctrain.sync.guard import agreed_overflow
+from hpctrain.sync.ssgd import SSGD
+
+__all__ = ["ODSGD", "Round", "dc_compensate_", "group_lrs", "scales_lr_per_layer", "swap_data_"]
 
 
 class Round:
@@ -74,19 +77,6 @@ class Round:
     def __init__(self, lrs: list[float], scale: float, step: int, loss: torch.Tensor):
         self.lrs, self.scale = lrs, scale      # step's lr per param group; loss scale of its backward
         self.step, self.loss = step, loss      # its step index; this rank's loss there (diagnosis)
-
-
-@contextlib.contextmanager
-def group_lrs(optimizer: torch.optim.Optimizer, lrs: list[float]):
-    """Run the optimiser at ``lrs`` (one per param group), then restore the current ones."""
-    now = [g["lr"] for g in optimizer.param_groups]
-    for g, lr in zip(optimizer.param_groups, lrs):
-        g["lr"] = lr
-    try:
-        yield
-    finally:
-        for g, lr in zip(optimizer.param_groups, now):
-            g["lr"] = lr
 
 
 def dc_compensate_(grads, local_w, global_w, lam: float) -> None:
@@ -110,7 +100,7 @@ def swap_data_(params, store: list[torch.Tensor]) -> None:
         store[i] = current
 
 
-class ODSGD:
+class ODSGD(UpdateAlgorithm):
     name = "odsgd"
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_sync, *,
@@ -126,18 +116,17 @@ class ODSGD:
         if local_lr == 0 and scales_lr_per_layer(optimizer):
             raise ConfigError("sync.odsgd_local_lr: set it explicitly with LARS (its lr is scaled per layer "
                              "by trust ratios, so the raw global lr would make the local step far too large)")
-        self.model, self.optimizer, self.sync = model, optimizer, grad_sync
-        self.scaler, self.timer = scaler, timer
+        super().__init__(model, optimizer, grad_sync, scaler=scaler, timer=timer)
         self.warmup_steps, self.local_lr = int(warmup_steps), float(local_lr)
         self.local_momentum, self.dc_lambda = float(local_momentum), float(dc_lambda)
         self.ssgd = SSGD(model, optimizer, grad_sync, scaler=scaler, timer=timer)
-        self.params, self.guard = self.ssgd.params, self.ssgd.guard
+        self.guard = self.ssgd.guard    # one guard: warm-up and OD-SGD steps count wire skips alike
         # Group *indices*: ``optimizer.load_state_dict`` replaces the group dicts.
         group_of = {id(p): i for i, g in enumerate(optimizer.param_groups) for p in g["params"]}
         self._group_index = [group_of.get(id(p)) for p in self.params]   # None: not optimised
-        self.steps = 0
         self._round: Round | None = None
         self._store = self._grads = self._local_buf = None   # allocated at the first OD-SGD step
+        # removed by close() (DistributedTrainer.close)
         self._hooks = [m.register_forward_pre_hook(self._poll_hook) for m in model.modules()]
         self._hooks += [p.register_post_accumulate_grad_hook(self._poll_hook) for p in self.params]
 
@@ -210,21 +199,12 @@ class ODSGD:
         rnd, self._round = self._round, None
         swap_data_(self.params, self._store)
         overflow = agreed_overflow(found_inf, self.params)
-        try:
-            if self.scaler:
-                self.scaler.update(overflow)
-                if not overflow:
-                    unscale_grads_(self.params, 1.0 / rnd.scale)
-            elif overflow:          # raises, or a finite-gradient wire overflow: skipped
-                self.guard.overflow(rnd.step, rnd.loss, all_finite(self._store))   # _store: ŵ
-            if not overflow:
-                with self.timer.span("optimizer"), group_lrs(self.optimizer, rnd.lrs):
-                    self.optimizer.step()
-                    self.guard.applied(rnd.step, self.params)
+        try:                        # this rank's own verdict: ŵ (in _store) is finite iff g was
+            return self.apply_mean(rnd.step, overflow, rnd.scale, rnd.loss,
+                                   lambda: all_finite(self._store), lrs=rnd.lrs)
         finally:
             for p, g in zip(self.params, local_grads):
                 p.grad = g
-        return overflow
 
     @torch.no_grad()
     def _local_update(self, inv_scale: float) -> None:
@@ -263,7 +243,7 @@ class ODSGD:
         if self._round is not None:
             raise RuntimeError("OD-SGD has a global update in flight: call trainer.finish() on every rank "
                                "before state_dict()/a checkpoint")
-        return {"scaler": self.scaler.state_dict() if self.scaler else None, "steps": self.steps}
+        return super().state_dict()
 
     def load_state_dict(self, state: dict) -> None:
         """Collective when a round is in flight (it is drained and dropped)."""
@@ -273,10 +253,8 @@ class ODSGD:
         if self._local_buf is not None:
             for b in self._local_buf:
                 b.zero_()
-        self.ssgd.load_state_dict(state)
-        self.steps = int(state.get("steps", 0))
+        super().load_state_dict(state)
 
     def remove_hooks(self) -> None:
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
+        """The progress hooks on the model go (:meth:`close`, which the trainer calls)."""
+        self.close()

@@ -5,146 +5,27 @@ averaged gradients are unscaled, and a step whose gradients overflowed (the flag
 sync returns is identical on every rank, since all ranks hold the same reduced values) is
 skipped everywhere while the scale backs off — weights never become inf/NaN.
 
-Non-finite numbers (:class:`NonFiniteGuard`) — a run stops rather than train on NaN. A NaN or
-inf in one rank's loss or gradient makes the *mean* gradient non-finite on every rank, so the
-sync's overflow flag sees it everywhere at the same step with no extra collective. Per step:
-
-* flag raised, loss scaler: the step is skipped everywhere and the scale backs off (above);
-* flag raised, no scaler: one allgather of each rank's verdict on its own loss and gradient
-  (only on this path). Some rank non-finite: :class:`NonFiniteError` on every rank, naming the
-  step and the rank(s). None: the finite gradients' sum overflowed on the wire (fp16: a mean
-  above 65504; pre-division rules this out in fp32), the step is skipped everywhere and counted
-  like a loss scaler's skip; ``MAX_WIRE_SKIPS`` of them in a row stop the job, since the weights
-  no longer move;
-* after the optimiser step: :func:`~hpctrain.optim.loss_scale.finite_flag` on the weights (one
-  pass; 13 ms for ResNet-50 on one CPU thread, a few fused kernels on a GPU). The weights are
-  bitwise identical on every rank, so is the verdict; non-finite weights (a finite gradient
-  times a huge lr) raise :class:`NonFiniteError` naming the step of the update. On the CPU the
-  flag is read at once. On a GPU it stays a device flag, read lazily (:meth:`NonFiniteGuard.settle`)
-  once the next step's gradient sync has returned - by then the device has long computed it,
-  so the read costs no stall - or when the run finishes; reading it at once would make the host
-  wait for the optimiser's kernels every step instead of queuing the next forward.
-
-A loss that is NaN while its gradient stays finite (a NaN constant added to it) is not caught:
-it only shows in the epoch's mean loss. Step numbers count from 0 (``lr_at``'s, the trainer's
-``step_count`` before the step).
+Non-finite numbers stop a run rather than let it train on NaN, the same way for every algorithm
+(:mod:`hpctrain.sync.guard`); the overflow and loss-scaler decision is
+:meth:`hpctrain.sync.base.UpdateAlgorithm.apply_mean`, shared with OD-SGD.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from hpctrain.errors import UserError
-from hpctrain.ops.metrics import NULL_TIMER, StepTimer
-from hpctrain.optim.loss_scale import all_finite, finite_flag
+from hpctrain.optim.loss_scale import all_finite
+from hpctrain.sync.base import StepResult, UpdateAlgorithm, unscale_grads_
+# re-exported: where they were defined before hpctrain.sync.guard / hpctrain.sync.base
+from hpctrain.sync.guard import MAX_WIRE_SKIPS, NonFiniteError, NonFiniteGuard, agreed_overflow, sync_comm
 
-MAX_WIRE_SKIPS = 10     # consecutive unscaled steps whose finite gradients overflowed the wire
-
-
-class NonFiniteError(UserError):
-    """A loss, gradient or weight became inf/NaN and no loss scaler skipped the step. Raised on
-    every rank at the same step with the same message (the CLI prints it as one line, status 2)."""
+__all__ = ["SSGD", "StepResult", "NonFiniteError", "NonFiniteGuard", "MAX_WIRE_SKIPS", "agreed_overflow",
+           "sync_comm", "unscale_grads_"]
 
 
-@dataclass
-class StepResult:
-    loss: torch.Tensor       # this rank's loss (detached, unscaled)
-    skipped: bool = False    # the update was skipped (overflow)
-
-
-def unscale_grads_(params, inv_scale: float) -> None:
-    grads = [p.grad for p in params if p.grad is not None]
-    if grads:
-        torch._foreach_mul_(grads, inv_scale)
-
-
-def agreed_overflow(sync_flag, params) -> bool:
-    """The overflow decision: the sync's flag, or a check of the (identical) reduced gradients."""
-    if sync_flag is not None:
-        return bool(sync_flag)
-    grads = [p.grad for p in params if p.grad is not None]
-    return bool(grads) and not all_finite(grads)
-
-
-def sync_comm(sync):
-    """The communicator a gradient sync averages over (through wrappers' ``inner``)."""
-    while not hasattr(sync, "comm"):
-        sync = sync.inner
-    return sync.comm
-
-
-def _ranks(ranks: list[int]) -> str:
-    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
-
-
-class NonFiniteGuard:
-    """What happens when the agreed flag says the mean gradient is non-finite and no loss scaler
-    handles it, and the weight check after each update (module docstring)."""
-
-    __slots__ = ("comm", "wire_skips", "lazy", "pending")
-
-    def __init__(self, comm, lazy: bool | None = None):
-        self.comm = comm            # the gradient sync's: every rank reaches the same calls
-        self.wire_skips = 0         # consecutive skipped steps (finite gradients, overflowing sum)
-        self.lazy = lazy            # read the weight flag later (None: where it is on a GPU)
-        self.pending = None         # (step, device flag) of an update not checked yet
-
-    def overflow(self, step: int, loss: torch.Tensor, own_grads_finite: bool) -> None:
-        """Collective, at the same step on every rank: raise :class:`NonFiniteError` naming the
-        rank(s) whose loss or own gradient is non-finite, else count a skipped step."""
-        verdicts = self.comm.allgather((bool(torch.isfinite(loss).all()), bool(own_grads_finite)))
-        bad_loss = [r for r, (loss_ok, _) in enumerate(verdicts) if not loss_ok]
-        bad_grad = [r for r, (loss_ok, grad_ok) in enumerate(verdicts) if loss_ok and not grad_ok]
-        if bad_loss or bad_grad:
-            what = []
-            if bad_loss:
-                what.append(f"non-finite loss on {_ranks(bad_loss)}")
-            if bad_grad:
-                what.append(f"non-finite gradient (finite loss) on {_ranks(bad_grad)}")
-            what = "; ".join(what)
-            raise NonFiniteError(f"step {step}: {what}; stopped on every rank (no loss scaler skips such "
-                                 "steps: lower optim.lr, or with fp16 compute set precision.loss_scale)")
-        self.wire_skips += 1
-        if self.wire_skips >= MAX_WIRE_SKIPS:
-            raise NonFiniteError(f"step {step}: the sum of finite gradients overflowed in communication "
-                                 f"{self.wire_skips} steps in a row (fp16 carries at most 65504), so the "
-                                 "weights no longer change; lower optim.lr or set comm.compression=none")
-
-    def applied(self, step: int, params) -> None:
-        """After an update: every rank's (identical) weights must be finite. Computes one
-        device flag; reads it now, or (``lazy``, the default on a GPU) in :meth:`settle`."""
-        self.wire_skips = 0
-        self.settle()
-        flag = finite_flag(params)
-        if flag is None:
-            return
-        self.pending = (step, flag)
-        if not (flag.device.type != "cpu" if self.lazy is None else self.lazy):
-            self.settle()
-
-    def settle(self) -> None:
-        """Read the flag of the last update, if not read yet (one host sync); raise if the
-        weights became non-finite there. The same on every rank (the weights are identical)."""
-        if self.pending is None:
-            return
-        (step, flag), self.pending = self.pending, None
-        if not bool(flag):
-            raise NonFiniteError(f"step {step}: the weights became non-finite in the update on every rank "
-                                 "although the mean gradient was finite (lower optim.lr)")
-
-
-class SSGD:
+class SSGD(UpdateAlgorithm):
     name = "ssgd"
-
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_sync, *,
-                 scaler=None, timer: StepTimer = NULL_TIMER):
-        self.model, self.optimizer, self.sync = model, optimizer, grad_sync
-        self.scaler, self.timer = scaler, timer
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.guard = NonFiniteGuard(sync_comm(grad_sync)) if grad_sync is not None else None
-        self.steps = 0              # the index of the next step (in NonFiniteError messages)
 
     def step(self, compute_loss: Callable[[], torch.Tensor]) -> StepResult:
         """One synchronous step; ``compute_loss`` runs the forward pass and returns the loss."""
@@ -161,28 +42,7 @@ class SSGD:
             if not overflow:
                 self.sync.scatter_means()                      # p.grad: views of the means
         scale = self.scaler.scale if self.scaler else 1.0
-        if self.scaler:
-            self.scaler.update(overflow)
-        if overflow:
-            if not self.scaler:     # raises, or a finite-gradient wire overflow: skipped
-                self.guard.overflow(step, loss.detach(), all_finite(p.grad for p in self.params))
-            return StepResult(loss.detach(), skipped=True)
-        if self.scaler:
-            unscale_grads_(self.params, 1.0 / scale)
-        with self.timer.span("optimizer"):
-            self.optimizer.step()
-            self.guard.applied(step, self.params)
-        return StepResult(loss.detach())
-
-    def finish(self) -> None:
-        """Check the last update's weights (a lazily read flag) before evaluating or saving."""
-        if self.guard is not None:
-            self.guard.settle()
-
-    def state_dict(self) -> dict:
-        return {"scaler": self.scaler.state_dict() if self.scaler else None, "steps": self.steps}
-
-    def load_state_dict(self, state: dict) -> None:
-        if self.scaler and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
-        self.steps = int(state.get("steps", 0))
+        # on overflow p.grad still holds this rank's own gradients: its verdict for the guard
+        skipped = self.apply_mean(step, overflow, scale, loss.detach(),
+                                  lambda: all_finite(p.grad for p in self.params))
+        return StepResult(loss.detach(), skipped=skipped)

@@ -86,7 +86,7 @@ def test_hierarchical_measures_its_inter_node_slices_and_equals_mpi(closer):
         # every slice above the small-message size was measured, and a slice's method is the
         # same on every node (the ranks of one inter-node communicator)
         assert sync.measured
-        methods = [r[0].method if r else None for r in sync._rings]
+        methods = [r.method if r else None for r in sync._rings]
         peers = topo.inter.allgather(methods)
         assert peers == [methods] * topo.inter.Get_size()
     assert_syncs_to_mpi_mean(params, sync, comm)

@@ -12,6 +12,7 @@ from hpctrain import comm as comm_lib
 from hpctrain.comm import cuda_mpi, ring, staging
 from hpctrain.comm.compression import FP16Compression
 from hpctrain.comm.progress import Pending
+from hpctrain.comm.wire import Wire
 
 PAGE = cuda_mpi.PAGE_BYTES
 
@@ -244,9 +245,11 @@ def test_fp16_packed_on_the_device_equals_the_unstaged_host_pack():
     codec.pack(grads, unstaged, scale)
     st = staging.Staging(g.numel(), torch.float32, "cpu")
     st.dev[0].copy_(g)
-    host_wire = st.host_wire(codec.wire_buffer(g.numel()))
+    wire = Wire(codec, codec.wire_buffer(g.numel()), whole=True)
+    wire.stage(st)
+    host_wire = wire.buf
     host_flat = torch.full((g.numel(),), float("nan"))
-    st.to_host(st.dev[0], host_flat, codec, host_wire, scale)
+    st.to_host(st.dev[0], host_flat, wire, scale)
     assert torch.equal(host_wire.view(torch.int16), unstaged.view(torch.int16))
     assert torch.equal(host_wire.view(torch.int16), (g * scale).half().view(torch.int16))
     assert torch.isnan(host_flat).all(), "only the fp16 wire crosses"
@@ -254,6 +257,6 @@ def test_fp16_packed_on_the_device_equals_the_unstaged_host_pack():
     assert bool(flag)               # the NaN above
     # the mean comes back as fp16 and is unpacked on the device, as the host path would
     out_dev, out_host = torch.empty(g.numel()), torch.empty(g.numel())
-    assert st.to_device(host_flat, out_dev, codec, host_wire) is out_dev
+    assert st.to_device(host_flat, out_dev, wire) is out_dev
     codec.unpack(unstaged, [out_host])
     assert torch.equal(out_dev.view(torch.int32), out_host.view(torch.int32))
