@@ -2,8 +2,8 @@
 
 Horovod's ``compression.py`` gives each compressor ``compress(t) -> (t', ctx)`` and
 ``decompress(t', ctx)``; that suffices when the MPI library does the summing. MPI has no FP16
-sum (Open MPI raises, MPICH aborts; a Python ``MPI.Op`` costs 190-370 ms per 26 M elements,
-DESIGN.md), so our ring (:mod:`hpctrain.comm.ring`) sums itself and a codec provides what
+sum (Open MPI raises, MPICH aborts, a Python ``MPI.Op`` is far too slow: docs/environment.md),
+so our ring (:mod:`hpctrain.comm.ring`) sums itself and a codec provides what
 :class:`Codec` states (every codec in :data:`COMPRESSIONS` implements all of it):
 
 * ``pack(tensors, wire, scale)``  gradients (the tensors themselves) -> the wire buffer
@@ -127,10 +127,10 @@ class FP16Compression:
     ``pack``/``unpack`` are the multi-tensor ``kernels`` (gradients <-> wire, where a
     full-precision bucket copies). ``reduce`` widens both fp16 operands piece by piece into fp32
     scratch that stays in L2, adds there and rounds the sum once: torch ``copy_`` fp32<->fp16 is
-    vectorised (NumPy's ``astype`` is scalar, 27 ms per 16 M elements) and a mixed-dtype
-    ``add_`` is 6x slower than converting first (DESIGN.md). Three whole-chunk kernel calls
-    (unpack, unpack-accumulate, pack) measured 25 ms per 8 M elements against 8 ms for this
-    loop, which reads each operand once. Every value on the wire - each pre-divided gradient
+    vectorised (NumPy's ``astype`` is scalar) and a mixed-dtype ``add_`` is several times slower
+    than converting first; this loop reads each operand once, where three whole-chunk kernel
+    calls (unpack, unpack-accumulate, pack) read them three times (figures: docs/environment.md).
+    Every value on the wire - each pre-divided gradient
     and each partial sum - is rounded to fp16 once: relative error ~(n+1) 2^-11 of the mean
     |gradient| for n ranks.
     """

@@ -6,14 +6,14 @@ and sums (n-1)/n of it, whatever n is. Messages are ``Isend``/``Irecv`` pairs wi
 posted by a generator (see :mod:`hpctrain.comm.progress`) so the ring can run overlapped.
 
 Why our own ring rather than MPI's ``Allreduce``:
-* FP16 on the wire needs it: MPI has no half-precision sum (DESIGN.md).
-* It is non-blocking at the full speed of a blocking call; ``Iallreduce`` (Open MPI 4.1,
-  libnbc) measured about 2x slower than ``Allreduce`` at 64 MiB on 2 ranks here.
+* FP16 on the wire needs it: MPI has no half-precision sum.
+* It is non-blocking at the full speed of a blocking call, where Open MPI 4.1's ``Iallreduce``
+  (libnbc) is markedly slower than its ``Allreduce`` on large buffers.
 * Every rank ends with the same bytes (each chunk is summed once, by one rank, then copied), so
   the overflow flag taken from the reduced values agrees everywhere.
 Below ``SMALL_BYTES`` a full-precision buffer goes by ``Iallreduce``: there the 2(n-1) message
-latencies of the ring cost more than the bandwidth saved. Strategies keep such buckets
-uncompressed (4 KiB through the fp16 ring measured ~0.45 ms against ~0.05 ms). Up to
+latencies of the ring cost more than the bandwidth saved; strategies keep such buckets
+uncompressed. Up to
 ``MPI_MAX_BYTES`` a full-precision buffer goes by MPI's own allreduce (faster there):
 :func:`mpi_choice`. Its non-blocking ``Iallreduce`` wherever reductions run concurrently (a
 bucket started by an overlap hook or ``begin()``, and always inside ``hierarchical``): a rank
@@ -21,15 +21,16 @@ blocked inside a collective cannot advance the other buckets' rings and node bar
 driven from Python, and a peer waiting on one of those would never reach the collective — a
 deadlock MPICH showed at 4 ranks on 2 emulated nodes. Its blocking ``Allreduce`` where ``flat``
 starts a round only to wait for it (``blocking=True``): Open MPI 4.1's tuned blocking
-algorithms beat libnbc's ``Iallreduce`` (2 ranks here: 4 MiB 1.1 vs 2.0 ms, 16 MiB 6.0 vs
-8.4 ms), and both give the same bytes (checked at 4 ranks under Open MPI and MPICH, and by
-``tests/mpi/test_comm_overlap.py``).
+algorithms beat libnbc's ``Iallreduce``, and both give the same bytes (checked at 4 ranks
+under Open MPI and MPICH, and by ``tests/mpi/test_comm_overlap.py``).
 
 Device buffers (a ``flat`` bucket under a CUDA-aware MPI) never reach a non-blocking collective
 unless the library's non-blocking collectives take device memory
 (:func:`hpctrain.comm.cuda_mpi.nonblocking_device_ok`; Open MPI's libnbc reduces on the CPU and
 crashes on it): such a bucket of MPI's goes by blocking ``Allreduce`` in a blocking round and by
 the ring (``Isend``/``Irecv``, which a CUDA-aware MPI does take) otherwise (:func:`mpi_route`).
+
+The measurements behind these choices, with machine and date: docs/environment.md.
 """
 from __future__ import annotations
 

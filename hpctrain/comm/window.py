@@ -3,8 +3,8 @@
 ``Win.Allocate_shared`` over a node-local communicator maps every local rank's allocation into
 every local process; ``Shared_query`` gives each one's address. Tensors made here are zero-copy
 views of that memory, so a rank's bucket *is* window memory and a neighbour can sum it without
-any message (DESIGN.md: 2.8 ms for 64 MiB on 2 ranks when gradients already live in the
-window, against 26-32 ms for ``Allreduce``).
+any message (about a tenth of an ``Allreduce``'s time when the gradients already live in the
+window: docs/environment.md).
 
 Synchronisation: the window is locked once (``Lock_all``, a passive-target epoch for the whole
 lifetime) and every hand-over between ranks is ``Sync`` (a memory barrier: my stores are
