@@ -18,11 +18,6 @@ from __future__ import annotations
 import time
 
 
-def poll_grad_sync(sync) -> bool:
-    """Progress every reduction in flight without blocking; True when none is left running."""
-    return bool(sync.poll())
-
-
 class DelayedSync:
     """``inner`` with every bucket's mean held back until ``delay_ms`` after the bucket started."""
 
@@ -105,11 +100,6 @@ class DelayedSync:
 
     def __exit__(self, *exc):
         self.close()
-
-
-def poll_reduction(sync) -> bool:
-    """Progress of the reduction itself, ignoring an emulated delay (``sync.poll_reduction``)."""
-    return bool(sync.poll_reduction())
 
 
 def with_comm_delay(sync, delay_ms: float):

@@ -88,10 +88,9 @@ def test_zero_delay_is_no_wrapper_and_negative_is_refused():
 
 
 def test_poll_reduction_ignores_the_emulated_delay(setup):
-    from hpctrain.comm.delay import poll_reduction
     model, sync, clock = setup
     backward(model)
-    assert poll_reduction(sync) is True and sync.poll() is False    # reduced; the link holds it back
+    assert sync.poll_reduction() is True and sync.poll() is False    # reduced; the link holds it back
     clock.t += 0.05
     assert sync.poll() is True
     sync.finish()
