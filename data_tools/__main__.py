@@ -89,7 +89,8 @@ def _convert(args) -> str:
                                 allow_nonfinite=args.allow_nonfinite, **extra)
     source = cast_source(source, args.dtype)
     src = os.path.abspath(args.src) if args.src else ""
-    tag = f"{args.kind}|{src}|{os.path.getmtime(src) if src and os.path.exists(src) else ''}|{args.seed}|{args.test_fraction}"
+    mtime = os.path.getmtime(src) if src and os.path.exists(src) else ""
+    tag = f"{args.kind}|{src}|{mtime}|{args.seed}|{args.test_fraction}"
     if test_file or args.dtype:              # a different test file or dtype must not resume old shards
         tfile = os.path.abspath(test_file) if test_file else ""
         tag += f"|{tfile}|{os.path.getmtime(tfile) if tfile and os.path.exists(tfile) else ''}|{args.dtype or ''}"

@@ -56,7 +56,7 @@ def summary(directory: str, verify: bool = True) -> str:
                 _readable(s.verify)                     # all shards at once, threaded
             counts, n_bytes = np.zeros(idx.num_classes, np.int64), 0
             for i in range(len(s.entries)):
-                y = _readable(lambda: s._open(i)["y"][:])
+                y = _readable(lambda: s._open(i)["y"][:])  # noqa: B023 (called at once)
                 s._check_labels(y, i, 0)
                 counts += np.bincount(y, minlength=idx.num_classes)[:idx.num_classes]
                 n_bytes += os.path.getsize(s.path(i))

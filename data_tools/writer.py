@@ -50,7 +50,7 @@ class Moments:
             self.ss[ch] += np.dot(v.ravel(), v.ravel())
         self.count += q.shape[0] * q.shape[2]
 
-    def merge(self, other: "Moments") -> None:
+    def merge(self, other: Moments) -> None:
         self.count += other.count
         self.s += other.s
         self.ss += other.ss

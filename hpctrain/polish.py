@@ -26,7 +26,8 @@ setting, chosen in job.py.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import Any
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import torch

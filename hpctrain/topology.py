@@ -46,7 +46,7 @@ class Topology:
         return min(self.node_sizes) if self.node_sizes else self.local_size
 
     @classmethod
-    def create(cls, comm: MPI.Comm, ranks_per_node: int = 0) -> "Topology":
+    def create(cls, comm: MPI.Comm, ranks_per_node: int = 0) -> Topology:
         """Split ``comm`` into node-local and inter-node communicators (collective)."""
         rank, size = comm.Get_rank(), comm.Get_size()
         host_local_rank = -1

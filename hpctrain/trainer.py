@@ -15,7 +15,7 @@ DDP's ``broadcast_buffers=True`` does (one small collective per step).
 from __future__ import annotations
 
 import contextlib
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -60,7 +60,8 @@ class DistributedTrainer:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, topology: Topology, *,
                  strategy: str = "auto", compression: str = "none", bucket_mb: float = 25.0,
-                 overlap: bool = False, tune: str = "measure", algorithm: str = "ssgd", algorithm_options: dict | None = None,
+                 overlap: bool = False, tune: str = "measure", algorithm: str = "ssgd",
+                 algorithm_options: dict | None = None,
                  schedule: ScheduleSpec | None = None, loss_fn: Callable | None = None,
                  compute: str = "fp32", scaler=None, timer: StepTimer | None = None, comm_delay_ms: float = 0.0,
                  broadcast_buffers: str = "finish"):

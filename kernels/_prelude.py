@@ -77,4 +77,4 @@ __device__ __forceinline__ float hpc_block_sum(float v, float* scratch32) {
     __syncthreads();
     return v;
 }
-""" % {"chunk": CHUNK_ELEMS}
+""" % {"chunk": CHUNK_ELEMS}  # noqa: UP031 (C braces: %-format, not str.format)

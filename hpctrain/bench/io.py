@@ -10,8 +10,9 @@ On a generated ImageNet-like dataset (3×224×224 uint8 samples, ``--size-gb`` G
 * the full loader (plus normalisation to float32 in its prefetch thread);
 * the integrity check (``shards.py``, ``blocks.py``): the first epoch with the per-block digests
   of an index v4, XXH3-128 (metadata blocks checked at open, each data block as it is first
-  read), and of a v3, SHA-256, on the same files; for comparison the whole-file SHA-256 pass of a v1/v2 index (collective at open, each shard hashed
-  by one rank) and the first epoch including it; the full loader with its check. Every other row
+  read), and of a v3, SHA-256, on the same files; for comparison the whole-file SHA-256 pass of
+  a v1/v2 index (collective at open, each shard hashed by one rank) and the first epoch
+  including it; the full loader with its check. Every other row
   reads with the check off — after the first epoch a job's reads are exactly those rows;
 * per-sample random ``x[i]``, ``y[i]`` h5py reads, the map-style-dataset anti-pattern,
 
@@ -330,7 +331,8 @@ def with_sha256_blocks(index, directory: str):
 
 
 def table(rows: list, job: dict, header: str) -> str:
-    out = [header, f"{'data':<13} {'method':<66} {'cache':<5} {'samples/s':>10} {'MB/s':>8} {'vs random':>9} {'vs cat':>7}"]
+    out = [header, f"{'data':<13} {'method':<66} {'cache':<5} {'samples/s':>10} {'MB/s':>8} "
+                   f"{'vs random':>9} {'vs cat':>7}"]
     base = {(r["data"], r["cache"]): r for r in rows if r["method"].startswith("per-sample")}
     cat = {(r["data"], r["cache"]): r for r in rows if r["method"].startswith("cat")}
     for r in rows:
@@ -368,7 +370,8 @@ def integrity(rows: list) -> list[str]:
         line = (f"integrity ({cache}): first epoch with per-block XXH3-128 as read (v4): "
                 f"{100 * got[FIRST]['samples_per_s'] / base:.0f} % of the unchecked block plan "
                 f"(CPU: {100 * cpu / got[FIRST]['cpu_s']:.0f} %); with per-block SHA-256 (v3): "
-                f"{100 * got[FIRST_SHA]['samples_per_s'] / base:.0f} % (CPU: {100 * cpu / got[FIRST_SHA]['cpu_s']:.0f} %); with the "
+                f"{100 * got[FIRST_SHA]['samples_per_s'] / base:.0f} % "
+                f"(CPU: {100 * cpu / got[FIRST_SHA]['cpu_s']:.0f} %); with the "
                 f"whole-file check at open (v1/v2, {got[CHECK]['seconds']:.2f} s, {got[CHECK]['mb_per_s']:.0f} MB/s): "
                 f"{100 * got[WHOLE]['samples_per_s'] / base:.0f} %; later epochs 100 % (same reads)")
         loaders = [r for r in rows if r["cache"] == cache and r["method"].startswith(LOADER)]

@@ -122,7 +122,7 @@ class ClusterSpec:
                 "name": self.name, "subnet": self.subnet}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ClusterSpec":
+    def from_dict(cls, d: dict) -> ClusterSpec:
         return cls(**{k: d[k] for k in ("n_nodes", "rate_bit_s", "latency_ms", "name", "subnet")})
 
 

@@ -89,7 +89,8 @@ def create(name: str, params, topology, **kwargs) -> GradSync:
     try:
         cls = STRATEGIES[name]
     except KeyError:
-        raise ValueError(f"comm.strategy: unknown strategy {name!r} (choose from {', '.join(sorted(STRATEGIES))})") from None
+        raise ValueError(f"comm.strategy: unknown strategy {name!r} "
+                         f"(choose from {', '.join(sorted(STRATEGIES))})") from None
     return cls(params, topology, **kwargs)
 
 

@@ -5,8 +5,8 @@ rank's gradients) into ``bucket.out`` (their mean over ranks, out of place) and 
 overflow flag (see :mod:`hpctrain.comm.progress` for why a generator). Everything else lives
 here once: the buckets (:mod:`hpctrain.comm.buckets`: fusion in reverse order of use, the
 gradients' home in them), the overlap hooks, the ``begin``/``finish`` split (ChainerMN keeps
-the MPI plumbing in its base communicator the same way). Buffers are allocated once at construction; the hot path allocates
-nothing.
+the MPI plumbing in its base communicator the same way). Buffers are allocated once at
+construction; the hot path allocates nothing.
 
 Round protocol: ``begin()`` starts every bucket not started yet; ``finish()`` waits for all and
 optionally binds the means to ``p.grad``; ``allreduce_grads()`` is the two in a row. With

@@ -151,7 +151,7 @@ class Bucket:
     def scatter_grads(self) -> None:
         """Bind every ``p.grad`` to its view of the mean (decoding the wire into ``out`` first
         if the mean is still encoded: one pass, like the copy it replaces)."""
-        self.result
+        self.result  # noqa: B018 (the property waits for the round and decodes the mean)
         for p, v in zip(self.params, self.views[1 - self.k]):
             if p.grad is not v:
                 p.grad = v
@@ -224,7 +224,7 @@ def make_buckets(params, bucket_bytes: int, alloc=None, direct_ok: bool = False,
         offsets = np.cumsum([0] + [p.numel() for p in group[:-1]]).tolist()
         n, dtype, device = sum(p.numel() for p in group), group[0].dtype, group[0].device
         direct = staging_lib.direct_route(device.type, forced=force, direct_ok=direct_ok, one_rank=one_rank,
-                                          mpi_takes=lambda: staging_lib.mpi_takes_device_buffers(device))
+                                          mpi_takes=lambda: staging_lib.mpi_takes_device_buffers(device))  # noqa: B023
         where = staging_lib.route(device.type, forced=force, direct=direct)
         staging = None
         if where == "direct":       # MPI reads the device buffers themselves: nothing to stage

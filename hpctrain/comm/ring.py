@@ -42,7 +42,7 @@ from mpi4py import MPI
 
 from hpctrain.comm import cuda_mpi, streams
 from hpctrain.comm.staging import DONE, Ready
-from hpctrain.comm.fused import nonfinite, scale_and_check
+from hpctrain.comm.fused import scale_and_check
 
 SMALL_BYTES = 64 * 1024
 MPI_MAX_BYTES = 4 * 2**20

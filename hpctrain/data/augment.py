@@ -11,7 +11,8 @@
 
 Randomness comes from a ``torch.Generator`` the loader seeds by ``(seed, epoch, rank)``, so a run
 is reproducible. Parameters are drawn on the host; the appliers run on the batch's device
-(:class:`BatchPrep`: on the GPU after the copy of a raw batch), with the same result on the CPU. Evaluation and Final Polishing's un-augmented pass use no :class:`Augment`.
+(:class:`BatchPrep`: on the GPU after the copy of a raw batch), with the same result on the CPU.
+Evaluation and Final Polishing's un-augmented pass use no :class:`Augment`.
 Samplers (``*_params``) and the pure appliers (``*_at``) are separate so tests can check the
 appliers against an independent computation. What an applier makes on the host (indices, affine
 maps, flip masks) reaches the device through :func:`host_to`: from page-locked memory, without

@@ -55,7 +55,8 @@ class BlockCheck:
         except OSError as exc:
             return f"{self.path}: cannot read shard ({exc.strerror or exc})"
         if size != self.file_bytes:
-            return f"{self.path}: checksum mismatch: file has {size} bytes, index says {self.file_bytes} (changed or truncated)"
+            return (f"{self.path}: checksum mismatch: file has {size} bytes, index says {self.file_bytes} "
+                    f"(changed or truncated)")
         return None
 
     def at_open(self) -> list[int]:

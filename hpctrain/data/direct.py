@@ -23,7 +23,7 @@ class DirectExtent:
         self.fd, self.offset, self.row_bytes, self.n_rows = fd, offset, row_bytes, n_rows
 
     @classmethod
-    def of(cls, ds: h5py.Dataset, path: str, fd: int) -> "DirectExtent | None":
+    def of(cls, ds: h5py.Dataset, path: str, fd: int) -> DirectExtent | None:
         """The extent of ``ds``, or None when it cannot be read directly."""
         if ds.chunks is not None or ds.dtype.hasobject or not ds.dtype.isnative or ds.shape[0] == 0:
             return None

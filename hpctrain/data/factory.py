@@ -1,9 +1,11 @@
-"""Build the training loader and the evaluation split from the data options, for the CLI job (``hpctrain.job``).
+"""Build the training loader and the evaluation split from the data options, for the CLI job
+(``hpctrain.job``).
 
 The options are the fields of ``DataConfig``, passed by name or as the section itself
-(``*_from_config``; this module does not import the config). ``reader="node"``: the node's local rank 0 opens the training shards — collectively over
-the node readers (``Topology.inter`` of local rank 0) with ``mpio`` — and fills the shared
-window; the other ranks never open them. Evaluation splits are read by every rank.
+(``*_from_config``; this module does not import the config). ``reader="node"``: the node's local
+rank 0 opens the training shards — collectively over the node readers (``Topology.inter`` of
+local rank 0) with ``mpio`` — and fills the shared window; the other ranks never open them.
+Evaluation splits are read by every rank.
 """
 from __future__ import annotations
 

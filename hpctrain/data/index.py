@@ -24,10 +24,11 @@ blocks (HDF5 metadata, free space) when the file is opened (``shards.py``). ``bl
 (an entry without it is checked whole, as in v2). Version 4 lets ``blocks`` name its digest: one
 key of :data:`BLOCK_DIGESTS` holds the list, ``"xxh3_128"`` (32 hex digits, what the writer makes
 by default) or ``"sha256"``. Why XXH3-128 for blocks: it finds the corruption a block check is for
-(flipped bits, torn writes, truncation, another file) as surely, at ~10x the speed of a memory copy
-where SHA-256 runs below it, so the first epoch's check costs a few percent of the read instead of
-half of it (``bench io``); it is no defence against someone forging data, which the whole file's
-SHA-256 in the same entry (``data_tools verify``) still is. Files are written by ``shardwriter.py``. Samples are addressed by a global index per split;
+(flipped bits, torn writes, truncation, another file) as surely, at several times the speed of a
+memory copy where SHA-256 runs below it, so the first epoch's check costs a fraction of the read
+instead of most of it (``bench io``; docs/data.md); it is no defence against someone forging
+data, which the whole file's SHA-256 in the same entry (``data_tools verify``) still is. Files
+are written by ``shardwriter.py``. Samples are addressed by a global index per split;
 :meth:`hpctrain.data.shards.ShardSet.read_range` turns a contiguous index range into one slice
 per shard touched — never per-sample reads.
 """

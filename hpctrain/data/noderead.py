@@ -131,7 +131,7 @@ class NodeReader:
             gens = [self.loader.window_batches(epoch, skip, rank=r) for r in self.ranks]
             for t in range(skip, self.loader.steps):
                 s, seq = t % self.slots, base + t + 1
-                if not self._wait(lambda: bool((self.taken[s] >= seq - self.slots).all()), cancel):
+                if not self._wait(lambda: bool((self.taken[s] >= seq - self.slots).all()), cancel):  # noqa: B023
                     return
                 for j, gen in enumerate(gens):
                     xw, yw, idx = next(gen)
@@ -155,7 +155,7 @@ class NodeReader:
         base, cancel, me = self.base, self._cancel, self.local_rank
         for t in range(skip, self.loader.steps):
             s, seq = t % self.slots, base + t + 1
-            if not self._wait(lambda: int(self.ready[s]) == seq, cancel):
+            if not self._wait(lambda: int(self.ready[s]) == seq, cancel):  # noqa: B023 (polled here, not kept)
                 return
             x, y = self.xs[s][me].copy(), self.ys[s][me].copy()
             self.win.Sync()

@@ -109,7 +109,8 @@ class ShardSet:
         elif self._blocks:
             first = next(iter(self._blocks.values()))
             whole = len(self.entries) - len(self._blocks)
-            check = (f"{DIGEST_LABELS[first.digest]} of {first.block_bytes >> 10} KiB blocks: metadata blocks checked at open"
+            check = (f"{DIGEST_LABELS[first.digest]} of {first.block_bytes >> 10} KiB blocks: "
+                     f"metadata blocks checked at open"
                      f"{f' over {self.verify_ranks} rank(s)' if self.verify_ranks else ''}, data blocks as first read"
                      f"{f'; {whole} shard(s) without block digests checked whole' if whole else ''}")
         elif self.verify_ranks:

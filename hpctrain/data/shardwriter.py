@@ -53,7 +53,8 @@ class ShardWriter:
             raise ShardError(f"{self.path}: wrote {self.pos} samples, expected {self.num_samples}")
         self.fh.close()
         commit(self.tmp, self.path)
-        return {"file": self.name, "num_samples": self.num_samples, **shard_digests(self.path, self.block_bytes, self.digest)}
+        return {"file": self.name, "num_samples": self.num_samples,
+                **shard_digests(self.path, self.block_bytes, self.digest)}
 
     def abort(self) -> None:
         self.fh.close()
@@ -61,9 +62,10 @@ class ShardWriter:
 
 
 def shard_digests(path: str, block_bytes: int = BLOCK_BYTES, digest: str = BLOCK_DIGEST) -> dict:
-    """``sha256`` and ``blocks`` (block digests of kind ``digest``) of a finished shard's index entry. The data ranges are the blocks
-    wholly inside the contiguous storage of ``x`` and ``y`` (none for a variable-length ``x``; none
-    at all for a file HDF5 cannot open: every block is then checked at open)."""
+    """``sha256`` and ``blocks`` (block digests of kind ``digest``) of a finished shard's index
+    entry. The data ranges are the blocks wholly inside the contiguous storage of ``x`` and ``y``
+    (none for a variable-length ``x``; none at all for a file HDF5 cannot open: every block is
+    then checked at open)."""
     whole, blocks = file_digests(path, block_bytes, digest)
     extents = []
     try:

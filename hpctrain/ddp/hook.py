@@ -188,7 +188,7 @@ class HookState:
         for h in self._polls:
             h.remove()
         self._polls = []
-        for sync, fut in self._inflight:        # an iteration cut short: finish it everywhere
+        for sync, _fut in self._inflight:        # an iteration cut short: finish it everywhere
             sync.finish(scatter=False)
         self._inflight = []
         for sync in self._syncs.values():

@@ -36,7 +36,7 @@ class Link:
     beta_s_per_byte: float
     gamma_s_per_byte: float = 0.0
 
-    def shared(self, streams: float) -> "Link":
+    def shared(self, streams: float) -> Link:
         """The link as seen by one sender when ``streams`` senders share it (β × streams);
         ``streams`` < 1 means one sender spreads over several NICs."""
         return replace(self, beta_s_per_byte=self.beta_s_per_byte * streams)

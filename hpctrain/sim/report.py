@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from typing import Sequence
+from collections.abc import Sequence
 
 __all__ = ["SCALING_COLUMNS", "VALIDATION_COLUMNS", "format_table", "write_json", "plot_scaling"]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import abc
 import contextlib
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -55,7 +55,7 @@ views); plus u^k when μ_l > 0. Extra work per step over SSGD: the local update 
 from __future__ import annotations
 
 import os
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

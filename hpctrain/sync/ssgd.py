@@ -11,7 +11,7 @@ Non-finite numbers stop a run rather than let it train on NaN, the same way for 
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

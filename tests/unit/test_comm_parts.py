@@ -9,7 +9,8 @@ from hpctrain.comm.buckets import bucket_sizes, make_buckets
 from hpctrain.comm.compression import FP16Compression, NoCompression, get
 from hpctrain.comm.hierarchical import sum_into
 from hpctrain.comm.progress import Pending, run
-from hpctrain.comm.ring import MPI_MAX_BYTES, SMALL_BYTES, chunk_bounds, mpi_choice, nonfinite
+from hpctrain.comm.fused import nonfinite
+from hpctrain.comm.ring import MPI_MAX_BYTES, SMALL_BYTES, chunk_bounds, mpi_choice
 from hpctrain.comm.window import layout
 
 

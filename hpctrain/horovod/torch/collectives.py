@@ -6,7 +6,7 @@ received buffers into the result (scaling, rounding back to fp16, copying to the
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from mpi4py import MPI

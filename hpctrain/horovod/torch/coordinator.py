@@ -25,7 +25,8 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Callable, NamedTuple
+from typing import NamedTuple
+from collections.abc import Callable
 
 from mpi4py import MPI
 

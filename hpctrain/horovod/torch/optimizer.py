@@ -160,7 +160,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context "
                               "after optimizer.synchronize(). This can cause training slowdown. You may "
                               "want to consider using optimizer.skip_synchronize() context if you use "
-                              "optimizer.synchronize() in your code.")
+                              "optimizer.synchronize() in your code.", stacklevel=2)
             self.synchronize()
         self._synchronized = False
         return self._inner.step(closure) if closure is not None else self._inner.step()

@@ -11,7 +11,6 @@ one rank, it is a plain batch norm.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from mpi4py import MPI
 from torch.nn.modules.batchnorm import _BatchNorm
 
