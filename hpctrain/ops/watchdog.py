@@ -287,3 +287,19 @@ class Watchdog:
                 win.Free()
         self.win = self.beat_win = MPI.WIN_NULL
         self.comm.Free()
+
+
+def start_watchdog(comm: MPI.Comm, timeout_s: float, abort_s: float, stack: contextlib.ExitStack, close_on):
+    """Collective: a :class:`Watchdog` with these bounds (``run.watchdog_s``, ``run.watchdog_abort_s``),
+    its ``close`` pushed on ``stack`` through ``close_on`` (the job's exit rule), or None where
+    both bounds are 0."""
+    if timeout_s <= 0 and abort_s <= 0:
+        return None
+    watchdog = Watchdog(comm, timeout_s, abort_s=abort_s)
+    stack.push(close_on(watchdog.close))
+    return watchdog
+
+
+def busy(watchdog: Watchdog | None, name: str):
+    """``watchdog.busy(name)``: a phase that may be long without step progress (none: nothing)."""
+    return watchdog.busy(name) if watchdog is not None else contextlib.nullcontext()
