@@ -69,21 +69,43 @@ def config_from_args(argv: list[str]):
     return cfg
 
 
-def wanted_device(argv: list[str]) -> str | None:
-    """``train.device`` of these arguments, or None where they do not parse (reported later,
+def quiet_config(argv: list[str]):
+    """The :class:`Config` of these arguments, or None where they do not parse (reported later,
     once MPI is up, on every rank; nothing is printed here, not even ``--help``)."""
     import contextlib
     import io
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            return config_from_args(argv).train.device
+            return config_from_args(argv)
     except (Exception, SystemExit):
         return None
 
 
+def wanted_device(argv: list[str]) -> str | None:
+    """``train.device`` of these arguments, or None where they do not parse."""
+    cfg = quiet_config(argv)
+    return cfg.train.device if cfg is not None else None
+
+
+def refused_early(cfg) -> bool:
+    """Before MPI and torch (seconds of imports, a minute on a busy node): whether another job
+    holds this run's directory; launcher rank 0 prints the line. The job still takes the lock
+    itself later (:func:`hpctrain.ops.runlock.hold_run_dirs`): this look only refuses sooner."""
+    from hpctrain.ops.runlock import held_run_dir, launcher_rank
+    if cfg is None:
+        return False
+    line = held_run_dir([cfg.run.run_dir] + ([cfg.ckpt.dir] if cfg.ckpt.dir else []))
+    if line and launcher_rank() in (0, None):
+        print(f"hpctrain: error: {line}", file=sys.stderr, flush=True)
+    return line is not None
+
+
 def train_main(argv: list[str]) -> int:
     from hpctrain import gpu_bind
-    gpu_bind.early_bind(wanted_device(argv))    # before MPI_Init: a CUDA-aware MPI's context
+    early = quiet_config(argv)
+    if refused_early(early):
+        return 2
+    gpu_bind.early_bind(early.train.device if early else None)    # before MPI_Init: a CUDA-aware MPI's context
     from mpi4py import MPI
 
     from hpctrain.config import ConfigError, validate

@@ -22,16 +22,16 @@ from hpctrain.data import (ShardLoader, ShardSet, eval_batches, eval_prep, open_
                            train_loader_from_config)
 from hpctrain.data.builtin import resolve_dataset
 from hpctrain.errors import ConfigError, UserError
-from hpctrain.models import BUILTIN, ModelError, build_model, shape_hint
-from hpctrain.ops import runstate
+from hpctrain.batches import device_batches, timed_batches
+from hpctrain.models import BUILTIN, ModelError, build_model, check_model_output
 from hpctrain.ops.agree import agree, check_consistency, software_versions
 from hpctrain.ops.checkpoint import Checkpointer
 from hpctrain.ops.inject import maybe_inject
 from hpctrain.ops.metrics import MetricsLog, StepTimer, clock_for, gpu_time
-from hpctrain.ops.runlock import hold_run_dirs, run_identity
+from hpctrain.ops.rundir import RunDirectory
 from hpctrain.ops.signals import StopSignal, Stopped
 from hpctrain.ops.timeline import Timeline, merge_and_write
-from hpctrain.ops.watchdog import Watchdog
+from hpctrain.ops.watchdog import Watchdog, busy, start_watchdog
 from hpctrain.optim import optimizer_from_config, schedule_from_config
 from hpctrain.optim.schedules import describe_lr
 from hpctrain.polish import recompute_bn_stats
@@ -123,23 +123,6 @@ def _agreed(comm: MPI.Comm, phase, *args):
     return result
 
 
-def check_model_output(model: torch.nn.Module, sample: torch.Tensor, num_classes: int, name: str) -> None:
-    """One forward on two samples: the output must be (batch, num_classes) logits."""
-    was_training = model.training
-    model.eval()
-    with torch.no_grad():
-        try:
-            out = model(sample)
-        except Exception as exc:
-            raise ModelError(f"model {name!r} fails on input of shape {tuple(sample.shape)}: {exc}"
-                             f"{shape_hint(sample.shape[1:], exc)}") from None
-    model.train(was_training)
-    if not isinstance(out, torch.Tensor) or out.shape != (len(sample), num_classes):
-        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ModelError(f"model {name!r} outputs {shape} for a batch of {len(sample)}, but the data has "
-                         f"{num_classes} classes (expected ({len(sample)}, {num_classes}))")
-
-
 def _data_index(cfg: Config, topo: Topology):
     return read_index(resolve_dataset(cfg.data.dataset, cfg.data.cache_dir, topo.comm))
 
@@ -214,34 +197,6 @@ def polish(job: Job) -> dict:
     return evaluate(job)
 
 
-def to_device(x: torch.Tensor, y: torch.Tensor, device: torch.device):
-    """A batch on ``device`` (asynchronous from pinned memory; on the CPU the tensors themselves)."""
-    if device.type == "cpu":
-        return x, y
-    return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-
-
-def device_batches(batches, device: torch.device, prep=None):
-    """Each ``(x, y)`` of ``batches`` on ``device`` (:func:`to_device`), ``x`` then made the model's
-    input there by ``prep`` (a raw batch's :class:`~hpctrain.data.BatchPrep`; None: ready as is).
-    Training, evaluation and Final Polishing all take their batches through here."""
-    for x, y in batches:
-        x, y = to_device(x, y, device)
-        yield (x if prep is None else prep(x)), y
-
-
-def timed_batches(batches, timer: StepTimer):
-    """Yield from ``batches``, timing each wait as the "data" phase."""
-    it = iter(batches)
-    while True:
-        with timer.span("data"):
-            try:
-                item = next(it)
-            except StopIteration:
-                return
-        yield item
-
-
 @dataclass
 class Progress:
     """What the training loop has done so far (the summary's inputs)."""
@@ -276,28 +231,20 @@ def run(cfg: Config, comm: MPI.Comm) -> dict:
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
         # the run directory (and a checkpoint directory of its own) is this job's alone, from here
-        stack.enter_context(hold_run_dirs(comm, [cfg.run.run_dir] + ([cfg.ckpt.dir] if cfg.ckpt.dir else [])))
-        rank0 = comm.Get_rank() == 0
-        if rank0:                                  # how it ends: `hpctrain status RUN_DIR`
-            runstate.record(cfg.run.run_dir, "running")
-        stack.push(runstate.record_exit(cfg.run.run_dir, rank0))
-        watchdog = None
-        if cfg.run.watchdog_s > 0 or cfg.run.watchdog_abort_s > 0:
-            watchdog = Watchdog(comm, cfg.run.watchdog_s, abort_s=cfg.run.watchdog_abort_s)
-            stack.push(on_agreed_exit(watchdog.close))
+        rundir = stack.enter_context(RunDirectory(comm, cfg.run.run_dir, cfg.ckpt.dir))
+        watchdog = start_watchdog(comm, cfg.run.watchdog_s, cfg.run.watchdog_abort_s, stack, on_agreed_exit)
         # SIGTERM/SIGUSR1/SIGINT → checkpoint and stop; from here, so a signal during set-up is
         # not lost (nor fatal): it is acted on at the first step
         stop = StopSignal(comm)
         stack.push(on_agreed_exit(stop.close))
         job = setup(cfg, comm, stack, watchdog)
-        run_id = run_identity(job.topo.comm, cfg.run.run_dir, fresh=not cfg.ckpt.resume)
+        run_id = rundir.identity(job.topo.comm, fresh=not cfg.ckpt.resume)
         ckpt = Checkpointer.from_config(cfg, job.topo.comm, job.loader, job.timer, run_id=run_id)
         resumed = ckpt.resume(job.trainer, cfg.ckpt.resume)      # None, or where to continue
         log = stack.enter_context(contextlib.closing(
             MetricsLog(cfg.run.run_dir, enabled=job.topo.rank == 0, append=resumed is not None)))
         if watchdog is not None:                                  # the run's last record says why it ended
-            watchdog.on_abort = lambda text: on_stall(cfg.run.run_dir, comm.Get_rank(), log, text,
-                                                      job.trainer.step_count)
+            watchdog.on_abort = rundir.on_stall(log, lambda: job.trainer.step_count)
         if job.topo.rank == 0:
             print(startup_line(job), flush=True)
         log.log("config", config=cfg.to_dict(), run_id=run_id, world_size=job.topo.size, topology=job.topo.describe(),
@@ -305,31 +252,15 @@ def run(cfg: Config, comm: MPI.Comm) -> dict:
                 resumed_from=ckpt.last_path if resumed else None, start_step=job.trainer.step_count)
         progress = train(job, ckpt, stop, resumed, log, stack, watchdog)
         if stop.agreed:
-            log.log("stopped", signal=stop.name, step=job.trainer.step_count, checkpoint=ckpt.last_path,
-                    train_s=progress.train_s)
-            if rank0:
-                runstate.record(cfg.run.run_dir, "stopped", signal=stop.name, step=job.trainer.step_count,
-                                checkpoint=ckpt.last_path)
-            raise Stopped(f"stopped by {stop.name} at step {job.trainer.step_count} after writing "
-                          f"{ckpt.last_path}; continue with --set ckpt.resume=auto")
+            step, where = job.trainer.step_count, ckpt.last_path
+            log.log("stopped", signal=stop.name, step=step, checkpoint=where, train_s=progress.train_s)
+            rundir.record("stopped", signal=stop.name, step=step, checkpoint=where)
+            raise Stopped(f"stopped by {stop.name} at step {step} after writing {where}; continue with "
+                          f"--set ckpt.resume=auto")
         with busy(watchdog, "evaluation"):
             summary = summarise(job, log, progress, t0)
-        if rank0:
-            runstate.record(cfg.run.run_dir, "done", steps=summary["steps"], test_accuracy=summary["test_accuracy"])
+        rundir.record("done", steps=summary["steps"], test_accuracy=summary["test_accuracy"])
         return summary
-
-
-def on_stall(run_dir: str, rank: int, log: MetricsLog, text: str, step: int) -> None:
-    """The watchdog is ending the job: rank 0 (rank 1 when rank 0 is the stalled one and rank 1's
-    own watch ends the job) records it as the run's state; rank 0 also in metrics.jsonl."""
-    if rank in (0, 1):
-        runstate.record(run_dir, "stalled", message=text, step=step)
-    log.log("stalled", message=text, step=step)
-
-
-def busy(watchdog: Watchdog | None, name: str):
-    """``watchdog.busy(name)``: a phase that may be long without step progress (none: nothing)."""
-    return watchdog.busy(name) if watchdog is not None else contextlib.nullcontext()
 
 
 def train(job: Job, ckpt: Checkpointer, stop: StopSignal, resumed, log: MetricsLog,

@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 
+from hpctrain.bench.args import add_round_args, check_round_args
 from hpctrain.bench.report import one_minute_load
 
 OURS, TRAINER, HOROVOD = "hpctrain.horovod", "DistributedTrainer", "horovod 0.28.1"
@@ -227,29 +228,21 @@ def format_table(rows) -> str:
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="hpctrain bench compat", description=__doc__.split("\n")[0])
-    p.add_argument("--models", default=DEFAULT_MODELS, type=lambda s: [m for m in s.split(",") if m],
-                   help=f"comma-separated, from {', '.join(NUM_CLASSES)} (default {DEFAULT_MODELS})")
+    add_round_args(p, DEFAULT_MODELS, NUM_CLASSES, batch=16, rounds=4, ranks_per_node=False,
+                   helps={"batch": "images per rank and step", "steps": "timed steps per contender and job (median)",
+                          "warmup": "untimed steps per contender and job",
+                          "rounds": "rounds: one job per implementation each"})
     p.add_argument("--np", type=int, default=2, help="ranks per job")
-    p.add_argument("--batch", type=int, default=16, help="images per rank and step")
     p.add_argument("--image-size", type=int, default=64, help="ResNet input height and width")
-    p.add_argument("--steps", type=int, default=8, help="timed steps per contender and job (median)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps per contender and job")
-    p.add_argument("--rounds", type=int, default=4, help="rounds: one job per implementation each")
     p.add_argument("--fp16", action="store_true", help="fp16 gradient compression for every contender")
     p.add_argument("--horovod-python", help="the Python that imports horovod.torch")
     p.add_argument("--mpiexec", default=os.environ.get("HPCTRAIN_MPIEXEC", "mpiexec"),
                    help="the launcher ($HPCTRAIN_MPIEXEC, else mpiexec)")
-    p.add_argument("--json", metavar="FILE", help="write the rows as a JSON list")
     p.add_argument("--worker", choices=("hpctrain", "horovod"), help=argparse.SUPPRESS)
     p.add_argument("--round", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    bad = [m for m in args.models if m not in NUM_CLASSES]
-    if bad:
-        p.error(f"--models: unknown {bad} (choose from {', '.join(NUM_CLASSES)})")
-    if min(args.np, args.batch, args.image_size, args.steps, args.rounds) < 1 or args.warmup < 0:
-        p.error("--np, --batch, --image-size, --steps and --rounds must be positive, --warmup >= 0")
-    return args
+    return check_round_args(p, p.parse_args(argv), NUM_CLASSES,
+                            positive=("np", "batch", "image_size", "steps", "rounds"))
 
 
 def main(argv) -> int:

@@ -28,6 +28,7 @@ from torch import nn
 import hpctrain.ddp
 from hpctrain.bench.report import run_mpi_bench
 from hpctrain.bench import step as bench_step
+from hpctrain.bench.args import add_round_args, check_round_args
 from hpctrain.bench.step import INPUTS, Contender, make_model, paired_ratios, plain_step, sgd, time_steps
 from hpctrain.topology import Topology
 
@@ -122,30 +123,10 @@ def format_table(rows) -> str:
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="hpctrain bench ddp", description=__doc__.split("\n")[0])
-    p.add_argument("--models", default=DEFAULT_MODELS, type=lambda s: [m for m in s.split(",") if m],
-                   help=f"comma-separated, from {', '.join(INPUTS)} (default {DEFAULT_MODELS})")
-    p.add_argument("--configs", default=DEFAULT_CONFIGS, type=lambda s: [c for c in s.split(",") if c],
-                   help="comma-separated: nocomm (no DDP, no sync: the compute floor), ddp, "
-                        "hook[:STRATEGY][+fp16], trainer (hpctrain.DistributedTrainer's defaults, "
-                        "no DDP) (default %(default)s)")
-    p.add_argument("--batch", type=int, default=32, help="samples per rank and step")
-    p.add_argument("--steps", type=int, default=8, help="timed steps per contender and round")
-    p.add_argument("--rounds", type=int, default=5, help="rounds (median over rounds)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps per contender first")
-    p.add_argument("--ranks-per-node", type=int, default=0, help="emulate K ranks per node (0: real nodes)")
-    p.add_argument("--json", metavar="FILE", help="write the rows as a JSON list")
-    args = p.parse_args(argv)
-    bad = [m for m in args.models if m not in INPUTS]
-    if bad:
-        p.error(f"--models: unknown {bad} (choose from {', '.join(INPUTS)})")
-    for c in args.configs:
-        try:
-            parse_config(c)
-        except ValueError as exc:
-            p.error(str(exc))
-    if min(args.batch, args.steps, args.rounds) < 1 or args.warmup < 0:
-        p.error("--batch, --steps and --rounds must be positive, --warmup >= 0")
-    return args
+    add_round_args(p, DEFAULT_MODELS, INPUTS, warmup=3, configs=(
+        DEFAULT_CONFIGS, "comma-separated: nocomm (no DDP, no sync: the compute floor), ddp, hook[:STRATEGY][+fp16], "
+                         "trainer (hpctrain.DistributedTrainer's defaults, no DDP) (default %(default)s)"))
+    return check_round_args(p, p.parse_args(argv), INPUTS, parse_config)
 
 
 def header(args, comm, rows) -> str:

@@ -15,6 +15,7 @@ import inspect
 import os
 import sys
 
+import torch
 from torch import nn
 
 from hpctrain.errors import UserError
@@ -125,4 +126,21 @@ def shape_hint(sample_shape, error: BaseException | str | None = None) -> str:
     return ""
 
 
-__all__ = ["BUILTIN", "ModelError", "build_model", "resolve", "shape_hint"]
+def check_model_output(model: torch.nn.Module, sample: torch.Tensor, num_classes: int, name: str) -> None:
+    """One forward on two samples: the output must be (batch, num_classes) logits."""
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        try:
+            out = model(sample)
+        except Exception as exc:
+            raise ModelError(f"model {name!r} fails on input of shape {tuple(sample.shape)}: {exc}"
+                             f"{shape_hint(sample.shape[1:], exc)}") from None
+    model.train(was_training)
+    if not isinstance(out, torch.Tensor) or out.shape != (len(sample), num_classes):
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ModelError(f"model {name!r} outputs {shape} for a batch of {len(sample)}, but the data has "
+                         f"{num_classes} classes (expected ({len(sample)}, {num_classes}))")
+
+
+__all__ = ["BUILTIN", "ModelError", "build_model", "check_model_output", "resolve", "shape_hint"]

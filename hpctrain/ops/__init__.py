@@ -3,6 +3,7 @@
 ``checkpoint`` (save/resume), ``abort`` (one failing rank ends the job), ``agree`` (every rank
 raises the same set-up error; start-up consistency check), ``signals`` (stop together on
 SIGTERM/SIGUSR1), ``watchdog`` (name the stalled rank, end a stalled job), ``runlock`` (one
-job per run directory, run identity), ``metrics`` (step timers, JSONL),
+job per run directory, run identity), ``rundir`` (the job's run directory from start to end),
+``runstate`` (``state.json``, ``hpctrain status``), ``metrics`` (step timers, JSONL),
 ``timeline`` (Chrome trace), ``report`` (``python -m hpctrain report``), ``inject`` (test hooks).
 """

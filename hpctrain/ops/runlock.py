@@ -6,6 +6,9 @@
   lock; a second job finds it held and stops at start-up, before writing anything, naming the
   holder. On NFSv4 and on Lustre mounted with ``-o flock`` the lock holds across nodes; Lustre's
   ``-o localflock`` only within a node; a file system without ``flock`` gets a warning, no lock.
+* :func:`held_run_dir`: the same check as a quick look before MPI and torch are loaded (the
+  second job is refused in a second, not after its heavy imports); the lock itself is still
+  taken as above, and :meth:`RunLock.acquire` tries again for a moment should it meet such a look.
 * :func:`run_identity`: ``RUN_DIR/run_id``, a random id made at a fresh start and kept by every
   resume. Checkpoints carry it, so ``ckpt.resume=auto`` never continues another run's weights.
 """
@@ -19,6 +22,7 @@ import json
 import os
 import socket
 import sys
+import time
 import uuid
 from typing import TYPE_CHECKING
 
@@ -32,10 +36,20 @@ LOCK_NAME = ".lock"
 RUN_ID_NAME = "run_id"
 # flock not provided by the file system (Lustre without -o flock/localflock, some FUSE mounts)
 NO_FLOCK = (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK, errno.EINVAL)
+BUSY = (errno.EWOULDBLOCK, errno.EACCES)
+# a look (holder(): a shared lock for microseconds) must not refuse a job taking the lock
+ACQUIRE_TRIES, ACQUIRE_PAUSE_S = 5, 0.05
+WORLD_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "PALS_RANKID", "FLUX_TASK_RANK", "SLURM_PROCID")
 
 
 class RunDirBusy(UserError):
     """Another job holds the run directory (the message names it)."""
+
+
+def in_use(directory: str, lock_path: str, holder: str) -> str:
+    """The refusal's line."""
+    return (f"run directory {directory} is in use by {holder} (lock {lock_path}); wait for that job to end "
+            f"or choose another --run-dir")
 
 
 def describe_holder(text: str) -> str:
@@ -60,14 +74,19 @@ class RunLock:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)      # no O_TRUNC: the holder's record
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            for tries_left in range(ACQUIRE_TRIES - 1, -1, -1):
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError as exc:
+                    if exc.errno not in BUSY or not tries_left:
+                        raise
+                    time.sleep(ACQUIRE_PAUSE_S)     # a look by holder() lasts microseconds; a job, its run
         except OSError as exc:
             holder = os.pread(fd, 4096, 0).decode(errors="replace")
             os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EACCES):
-                raise RunDirBusy(f"run directory {os.path.dirname(self.path)} is in use by "
-                                 f"{describe_holder(holder)} (lock {self.path}); wait for that job to end "
-                                 f"or choose another --run-dir") from None
+            if exc.errno in BUSY:
+                raise RunDirBusy(in_use(os.path.dirname(self.path), self.path, describe_holder(holder))) from None
             if exc.errno in NO_FLOCK:
                 self.warning = (f"cannot lock {self.path} ({os.strerror(exc.errno)}): this file system has no "
                                 f"flock (Lustre: mount with -o flock); nothing stops a second job using this "
@@ -98,11 +117,35 @@ class RunLock:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             return None
         except OSError as exc:
-            if exc.errno in (errno.EWOULDBLOCK, errno.EACCES):
+            if exc.errno in BUSY:
                 return describe_holder(os.pread(fd, 4096, 0).decode(errors="replace"))
             return None
         finally:
             os.close(fd)
+
+
+def held_run_dir(directories: list[str]) -> str | None:
+    """Local, before MPI and torch: the refusal's line if another job holds one of ``directories``,
+    else None (a directory not made yet, or not one at all, is left to the checks that follow).
+    Every rank looks for itself: a shared file system shows each the same holder."""
+    for d in dict.fromkeys(os.path.abspath(d) for d in directories):
+        lock = RunLock(d)
+        try:
+            holder = lock.holder()
+        except OSError:
+            holder = None
+        if holder is not None:
+            return in_use(d, lock.path, holder)
+    return None
+
+
+def launcher_rank(environ=os.environ) -> int | None:
+    """This process's world rank as the launcher set it (before MPI_Init), or None."""
+    for name in WORLD_RANK_VARS:
+        value = environ.get(name, "").strip()
+        if value.isdigit():
+            return int(value)
+    return None
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ import torch
 from mpi4py import MPI
 
 import hpctrain.horovod.torch as hvd
+from tests.mpi.horovod_session import hvd_on, world  # noqa: F401  (hvd_on: autouse fixture)
 
 pytestmark = pytest.mark.mpi
 
@@ -18,17 +19,6 @@ FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 DTYPES = INTS + FLOATS
 OPS = {"Average": hvd.Average, "Sum": hvd.Sum, "Min": hvd.Min, "Max": hvd.Max, "Product": hvd.Product}
 MPI_OPS = {"Average": MPI.SUM, "Sum": MPI.SUM, "Min": MPI.MIN, "Max": MPI.MAX, "Product": MPI.PROD}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def hvd_on():
-    hvd.init()
-    yield
-    hvd.shutdown()
-
-
-def world():
-    return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
 
 
 def data(rank, dtype, shape=(2, 5)):

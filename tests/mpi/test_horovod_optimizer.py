@@ -9,22 +9,12 @@ import torch
 from mpi4py import MPI
 
 import hpctrain.horovod.torch as hvd
+from tests.mpi.horovod_session import hvd_on, world  # noqa: F401  (hvd_on: autouse fixture)
 from hpctrain.topology import Topology
 from hpctrain.trainer import DistributedTrainer
 
 pytestmark = pytest.mark.mpi
 STEPS, PER_RANK = 3, 4
-
-
-@pytest.fixture(scope="module", autouse=True)
-def hvd_on():
-    hvd.init()
-    yield
-    hvd.shutdown()
-
-
-def world():
-    return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
 
 
 def make_model(seed, dtype):

@@ -8,6 +8,7 @@ import signal
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 from mpi4py import MPI
@@ -109,6 +110,14 @@ def test_describe_stall_and_rank_ranges():
     assert text == ("no progress for 5 s: rank 0 is at the start of step 57; ranks 1-2 are after 'forward' of "
                     "step 57; rank 3 waits after 'allreduce' of step 57")
     assert "all 2 ranks are at the start of step 3" in describe_stall([3 * SLOTS_PER_STEP] * 2, names, 5)
+    # a rank whose heartbeat stopped is named even where its progress equals the others'
+    text = describe_stall([s + 2] * 4, names, 9, silent={2: 8.7})
+    assert text == ("no progress for 9 s: rank 2 is after 'backward' of step 57, silent for 9 s (stopped, or its "
+                    "node is down); ranks 0-1, 3 wait after 'backward' of step 57")
+    text = describe_stall([s + 2, s + 1, s + 1, s + 2], names, 9, silent={1: 9.0, 3: 8.0})
+    assert text == ("no progress for 9 s: rank 2 is after 'forward' of step 57; rank 1 is after 'forward' of step "
+                    "57, silent for 9 s (stopped, or its node is down); rank 3 is after 'backward' of step 57, "
+                    "silent for 8 s (stopped, or its node is down); rank 0 waits after 'backward' of step 57")
 
 
 @pytest.mark.mpi(min_size=2)
@@ -132,6 +141,57 @@ def test_watchdog_names_the_late_rank(world, closer):
         assert len(reports) <= 4                  # one report per timeout period, not per poll
     else:
         assert reports == []                      # only rank 0 watches
+
+
+def process_state(pid: int) -> str:
+    """``T`` for a stopped process (``/proc/PID/stat``)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().rpartition(")")[2].split()[0]
+
+
+@pytest.mark.mpi(min_size=2)
+def test_watchdog_names_a_rank_stopped_inside_a_collective(world, closer):
+    """The victim posts the same phase as every other rank, enters the "allreduce" and is stopped
+    there (SIGSTOP from a thread of its own); its progress cannot tell it from the ranks waiting
+    with it, its silent heartbeat does. Rank 0 continues it once a report names it. The
+    "allreduce" is a broadcast then a barrier, rounds in order as a ring's are: the victim is
+    stopped inside the broadcast, waiting for its data; the others pass it (their sends need
+    nothing from the victim) and wait in the barrier."""
+    if len(set(world.allgather(MPI.Get_processor_name()))) > 1:
+        pytest.skip("signals the victim by pid: every rank on one host")
+    reports = []
+    wd = closer(Watchdog(world, timeout_s=1.0, report=reports.append, poll_s=0.1))
+    if not wd.beats:
+        pytest.skip("no MPI_THREAD_MULTIPLE: no heartbeats")
+    victim, pids = world.Get_size() - 1, world.allgather(os.getpid())
+    wd.step(0)
+    wd("forward", 0.0, 0.0)
+    wd("backward", 0.0, 0.0)                      # every rank at the same point
+    world.Barrier()                               # every post has landed (MPICH: needs rank 0's progress)
+    if world.Get_rank() == victim:
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGSTOP)).start()
+    else:
+        deadline = time.monotonic() + 30
+        while process_state(pids[victim]) != "T" and time.monotonic() < deadline:
+            time.sleep(0.02)                      # the others enter once the victim is stopped in it
+    named = f"rank {victim} is after 'backward' of step 0, silent for"
+    if world.Get_rank() == 0:
+        def resume():
+            deadline = time.monotonic() + 20
+            while not any(named in r for r in reports) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            os.kill(pids[victim], signal.SIGCONT)
+        threading.Thread(target=resume, daemon=True).start()
+    world.Bcast(np.zeros(4), root=0)              # "the gradient allreduce": the victim is stopped inside
+    world.Barrier()
+    wd.close()                                    # reports are final
+    if world.Get_rank() == 0:
+        assert any(named in r for r in reports), reports
+        first = next(r for r in reports if named in r)
+        others = compress_ranks(list(range(victim)))
+        assert first.endswith(f"(stopped, or its node is down); {'ranks' if victim > 1 else 'rank'} {others} "
+                              f"wait{'' if victim > 1 else 's'} after 'backward' of step 0"), reports
+        assert all(r.count("silent for") <= 1 for r in reports), reports    # no waiting rank called silent
 
 
 @pytest.mark.mpi(min_size=2)

@@ -1,13 +1,17 @@
 """One job per run directory (flock on RUN_DIR/.lock) and one run per checkpoint series (run id)."""
+import fcntl
 import json
 import os
 import socket
+import subprocess
+import sys
+import threading
 
 import pytest
 from mpi4py import MPI
 
 from hpctrain.ops import checkpoint as ck
-from hpctrain.ops.runlock import LOCK_NAME, RunDirBusy, RunLock, hold_run_dirs, run_identity
+from hpctrain.ops.runlock import LOCK_NAME, RunDirBusy, RunLock, held_run_dir, hold_run_dirs, run_identity
 
 
 def test_second_holder_is_refused_naming_the_first(tmp_path):
@@ -28,6 +32,39 @@ def test_second_holder_is_refused_naming_the_first(tmp_path):
     again = RunLock(str(tmp_path))               # released: free for the next job
     again.acquire()
     again.release()
+
+
+def test_a_look_does_not_refuse_a_job_taking_the_lock(tmp_path):
+    """holder() (the early look, `hpctrain status`) holds a shared lock for an instant: a job
+    acquiring in that instant tries again instead of reporting the directory in use."""
+    (tmp_path / LOCK_NAME).write_text("")
+    look = os.open(tmp_path / LOCK_NAME, os.O_RDONLY)
+    fcntl.flock(look, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    threading.Timer(0.02, os.close, (look,)).start()
+    lock = RunLock(str(tmp_path))
+    lock.acquire()
+    lock.release()
+
+
+def test_second_job_is_refused_before_mpi_and_torch_are_loaded(tmp_path):
+    """The cheap look in `python -m hpctrain`: status 2 and the holder's line before the heavy
+    imports (what is in sys.modules when main returns), here as a singleton without a launcher."""
+    held = RunLock(str(tmp_path / "run"))
+    held.acquire()
+    code = ("import sys\nfrom hpctrain.cli import main\nrc = main(sys.argv[1:])\n"
+            "print(rc, [m for m in ('torch', 'mpi4py.MPI') if m in sys.modules])\n")
+    try:
+        r = subprocess.run([sys.executable, "-c", code, "--run-dir", str(tmp_path / "run"), "--no-progress"],
+                           capture_output=True, text=True, timeout=120)
+        line = held_run_dir([str(tmp_path / "run")])
+    finally:
+        held.release()
+    assert r.stdout == "2 []\n", (r.stdout, r.stderr[-2000:])
+    assert r.stderr.splitlines() == [f"hpctrain: error: {line}"]
+    assert line.startswith(f"run directory {tmp_path / 'run'} is in use by pid {os.getpid()} on host ")
+    assert held_run_dir([str(tmp_path / "run")]) is None                  # released: no refusal
+    (tmp_path / "a-file").write_text("")
+    assert held_run_dir([str(tmp_path / "not-made-yet"), str(tmp_path / "a-file")]) is None   # left to validate()
 
 
 def test_hold_run_dirs_releases_on_an_exception(tmp_path):

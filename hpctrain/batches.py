@@ -1,0 +1,35 @@
+"""Batches on their way to the model: the wait for each timed as the "data" phase, each moved to
+the device and made the model's input there (the CLI job, :mod:`hpctrain.job`)."""
+from __future__ import annotations
+
+import torch
+
+from hpctrain.ops.metrics import StepTimer
+
+
+def to_device(x: torch.Tensor, y: torch.Tensor, device: torch.device):
+    """A batch on ``device`` (asynchronous from pinned memory; on the CPU the tensors themselves)."""
+    if device.type == "cpu":
+        return x, y
+    return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+
+
+def device_batches(batches, device: torch.device, prep=None):
+    """Each ``(x, y)`` of ``batches`` on ``device`` (:func:`to_device`), ``x`` then made the model's
+    input there by ``prep`` (a raw batch's :class:`~hpctrain.data.BatchPrep`; None: ready as is).
+    Training, evaluation and Final Polishing all take their batches through here."""
+    for x, y in batches:
+        x, y = to_device(x, y, device)
+        yield (x if prep is None else prep(x)), y
+
+
+def timed_batches(batches, timer: StepTimer):
+    """Yield from ``batches``, timing each wait as the "data" phase."""
+    it = iter(batches)
+    while True:
+        with timer.span("data"):
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+        yield item
