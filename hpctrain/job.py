@@ -26,7 +26,7 @@ from hpctrain.batches import device_batches, timed_batches
 from hpctrain.models import BUILTIN, ModelError, build_model, check_model_output
 from hpctrain.ops.agree import agree, check_consistency, software_versions
 from hpctrain.ops.checkpoint import Checkpointer
-from hpctrain.ops.inject import maybe_inject
+from hpctrain.testhooks import device_batches_forced, maybe_inject
 from hpctrain.ops.metrics import MetricsLog, StepTimer, clock_for, gpu_time
 from hpctrain.ops.rundir import RunDirectory
 from hpctrain.ops.signals import StopSignal, Stopped
@@ -99,16 +99,12 @@ def setup(cfg: Config, comm: MPI.Comm, stack: contextlib.ExitStack, done=None) -
     return Job(cfg, topo, trainer, loader, test_set, timer, device, raw)
 
 
-DEVICE_BATCHES_SWITCH = "HPCTRAIN_TEST_DEVICE_BATCHES"
-"""Set to 1 (tests): the CPU job takes the GPU's data path (raw batches, prepared after the copy)."""
-
-
 def raw_batches(device: torch.device) -> bool:
     """Whether the loader hands over raw batches that the job normalises (and augments) on
     ``device`` after the copy: on a GPU, so a uint8 batch crosses PCIe at a quarter of float32's
-    bytes and the GPU does the arithmetic; on the CPU only under :data:`DEVICE_BATCHES_SWITCH`
+    bytes and the GPU does the arithmetic; on the CPU only when the tests ask (:mod:`hpctrain.testhooks`)
     (the same batches either way; the loader's thread does it, overlapped with the step)."""
-    return device.type != "cpu" or os.environ.get(DEVICE_BATCHES_SWITCH) == "1"
+    return device.type != "cpu" or device_batches_forced()
 
 
 def _agreed(comm: MPI.Comm, phase, *args):
@@ -142,7 +138,7 @@ def _open_data(cfg: Config, topo: Topology, index, stack: contextlib.ExitStack, 
     return loader, test_set
 
 
-def _model_and_optimizer(cfg: Config, index, loader, device: torch.device = torch.device("cpu")):
+def _model_and_optimizer(cfg: Config, index, loader, device: torch.device):
     """Local only (no collectives): model (on ``device``, before the optimiser sees its
     parameters), output check, optimiser, schedule."""
     why = compute_unsupported(cfg.precision.compute, device)

@@ -206,7 +206,7 @@ def rows_from_rounds(per_round: list[dict], images_per_step: int) -> list[dict]:
     for model in per_round[0]:
         rates = [{c: images_per_step / s for c, s in rnd[model].items()} for rnd in per_round]
         for c in rates[0]:
-            def ratio(peer):
+            def ratio(peer, c=c, rates=rates):
                 if peer not in rates[0]:
                     return None
                 return statistics.median(rt[c] / rt[peer] for rt in rates)

@@ -22,7 +22,6 @@ import copy
 import statistics
 
 import torch
-from mpi4py import MPI
 from torch import nn
 
 import hpctrain.ddp

@@ -39,17 +39,16 @@ calls themselves. None of this has run on a GPU yet (the GPU suite: ``make test-
 """
 from __future__ import annotations
 
-import os
 
 import torch
 
 from hpctrain.comm import cuda_mpi, streams
 from hpctrain.comm.cuda_mpi import HostRegistry
+from hpctrain.testhooks import staging_forced
 
-__all__ = ["TEST_SWITCH", "DEVICE_HANDOFF", "HostRegistry", "Ready", "Staging", "after", "forced",
+__all__ = ["DEVICE_HANDOFF", "HostRegistry", "Ready", "Staging", "after", "forced",
            "mpi_takes_device_buffers", "pin_host", "produced", "route"]
 
-TEST_SWITCH = "HPCTRAIN_TEST_STAGING"
 DEVICE_HANDOFF = True
 """Can a CUDA bucket's buffers go to MPI as they are? ``ring.py`` passes device tensors to MPI
 as themselves (mpi4py reads DLPack / ``__cuda_array_interface__``: ``ring.AS_TENSOR``), keeps
@@ -59,8 +58,9 @@ partial sum a kernel wrote; a direct bucket's reduction starts once the compute 
 
 
 def forced() -> bool:
-    """Does the test switch ask CPU buckets to take the device path? (read at bucket creation)"""
-    return os.environ.get(TEST_SWITCH, "") == "1"
+    """Do the tests ask CPU buckets to take the device path? (read at bucket creation;
+    :mod:`hpctrain.testhooks`)"""
+    return staging_forced()
 
 
 def pin_host() -> bool:

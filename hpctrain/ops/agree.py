@@ -72,7 +72,7 @@ def software_versions() -> dict:
 
 def first_difference(ref: list[str], other: list[str]) -> str:
     """A short description of where two signatures part."""
-    for i, (a, b) in enumerate(zip(ref, other)):
+    for a, b in zip(ref, other):
         if a != b:
             return f"{b!r} where the reference has {a!r}"
     if len(ref) != len(other):

@@ -33,7 +33,7 @@ from mpi4py import MPI
 from hpctrain.errors import UserError
 from hpctrain.fileio import atomic_open
 from hpctrain.ops.agree import first_difference, model_signature
-from hpctrain.ops.inject import maybe_kill
+from hpctrain.testhooks import maybe_kill
 from hpctrain.ops.metrics import NULL_TIMER, StepTimer
 
 FORMAT_VERSION = 1
@@ -235,7 +235,7 @@ class Checkpointer:
 
     @classmethod
     def from_config(cls, cfg, comm: MPI.Comm, loader, timer: StepTimer = NULL_TIMER,
-                    run_id: str | None = None) -> "Checkpointer":
+                    run_id: str | None = None) -> Checkpointer:
         directory = cfg.ckpt.dir or os.path.join(cfg.run.run_dir, "checkpoints")
         return cls(comm, directory, steps_per_epoch=loader.steps, global_batch=loader.global_batch,
                    config=cfg.to_dict(), every_steps=cfg.ckpt.every_steps, keep=cfg.ckpt.keep, timer=timer,

@@ -93,7 +93,7 @@ class RunLock:
                                 f"directory")
                 return
             raise
-        start = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        start = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
         record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "start": start}).encode()
         os.ftruncate(fd, 0)
         os.pwrite(fd, record + b"\n", 0)

@@ -26,7 +26,7 @@ STATUS = {"done": 0, "failed": 2, "stopped": 3, "stalled": 4}
 
 
 def now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def record(run_dir: str, state: str, **fields) -> None:
@@ -52,7 +52,8 @@ def describe(run_dir: str, since: float | None = None) -> tuple[str, int]:
         return f"running: {holder}", 1
     st = read(run_dir)
     if st is not None and since is not None and st.get("unix_time", 0) < since:
-        return (f"failed: no job recorded a state in {run_dir} since {datetime.datetime.fromtimestamp(since, datetime.timezone.utc):%Y-%m-%d %H:%M:%S UTC} "
+        when = datetime.datetime.fromtimestamp(since, datetime.UTC)
+        return (f"failed: no job recorded a state in {run_dir} since {when:%Y-%m-%d %H:%M:%S UTC} "
                 f"(the job ended before taking the run directory; see its output)"), 2
     if st is None:
         if os.path.exists(os.path.join(run_dir, "metrics.jsonl")):

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from hpctrain.job import DEVICE_BATCHES_SWITCH
+from hpctrain.testhooks import TEST_DEVICE_BATCHES
 from tests.integration.mpirun import mpirun
 
 ARGS = ["--no-progress", "--epochs", "4", "--set", "data.augment=true", "--set", "data.augment_flip=false",
@@ -25,7 +25,7 @@ def test_job_on_raw_batches_equals_job_on_loader_batches(tmp_path):
     runs = {}
     for switch in ("0", "1"):
         run_dir = tmp_path / f"raw{switch}"
-        r, _ = mpirun(2, ["-m", "hpctrain", "--run-dir", str(run_dir), *ARGS], env={DEVICE_BATCHES_SWITCH: switch})
+        r, _ = mpirun(2, ["-m", "hpctrain", "--run-dir", str(run_dir), *ARGS], env={TEST_DEVICE_BATCHES: switch})
         assert r.returncode == 0, r.stderr[-2000:]
         runs[switch] = records(run_dir)
     config = runs["1"][0]

@@ -23,6 +23,7 @@ import torch
 from mpi4py import MPI
 
 from hpctrain import comm as comm_lib
+from hpctrain import testhooks
 from hpctrain.comm import ring, staging
 from hpctrain.comm.compression import FP16Compression
 from hpctrain.topology import Topology
@@ -35,9 +36,9 @@ def make(strategy, codec, topo, sizes, bucket_bytes, overlap, staged, monkeypatc
     params = [torch.nn.Parameter(torch.zeros(n)) for n in sizes]
     with monkeypatch.context() as m:
         if staged:
-            m.setenv(staging.TEST_SWITCH, "1")
+            m.setenv(testhooks.TEST_STAGING, "1")
         else:
-            m.delenv(staging.TEST_SWITCH, raising=False)
+            m.delenv(testhooks.TEST_STAGING, raising=False)
         sync = closer(comm_lib.create(strategy, params, topo, bucket_bytes=bucket_bytes, compression=codec,
                                       overlap=overlap))
     assert all((b.staging is not None) == staged for b in sync.buckets)
@@ -121,10 +122,10 @@ def test_staged_mean_readable_without_scatter(strategy, codec, monkeypatch, clos
 
 def test_cpu_buckets_are_not_staged_without_the_switch(monkeypatch):
     from hpctrain.comm.buckets import make_buckets
-    monkeypatch.delenv(staging.TEST_SWITCH, raising=False)
+    monkeypatch.delenv(testhooks.TEST_STAGING, raising=False)
     ps = [torch.nn.Parameter(torch.zeros(10)) for _ in range(3)]
     assert all(b.staging is None for b in make_buckets(ps, bucket_bytes=80))
-    monkeypatch.setenv(staging.TEST_SWITCH, "1")
+    monkeypatch.setenv(testhooks.TEST_STAGING, "1")
     buckets = make_buckets(ps, bucket_bytes=80)
     assert buckets and all(b.staging is not None for b in buckets)
     for b in buckets:
@@ -144,7 +145,7 @@ def run_compare(strategy, codec, topo, overlap, monkeypatch, closer, case="sever
         for k, v in (env or {}).items():
             m.setenv(k, v)
         params = [torch.nn.Parameter(torch.zeros(n)) for n in sizes]
-        m.setenv(staging.TEST_SWITCH, "1")
+        m.setenv(testhooks.TEST_STAGING, "1")
         sync = closer(comm_lib.create(strategy, params, topo, bucket_bytes=bucket_bytes, compression=codec,
                                       overlap=overlap))
     staged = rounds(params, sync, comm, seed=5)
@@ -336,7 +337,7 @@ def test_device_buffers_reach_iallreduce_only_where_allowed(overlap, nbc, monkey
     sizes, bucket_bytes = CASES["several"]
     with monkeypatch.context() as m:
         m.setenv("HPCTRAIN_CUDA_AWARE_MPI", "1")
-        m.setenv(staging.TEST_SWITCH, "1")
+        m.setenv(testhooks.TEST_STAGING, "1")
         params = [torch.nn.Parameter(torch.zeros(n)) for n in sizes]
         sync = closer(comm_lib.create("flat", params, topo, bucket_bytes=bucket_bytes, overlap=overlap))
     assert all(b.staging is None for b in sync.buckets)

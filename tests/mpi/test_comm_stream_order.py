@@ -18,6 +18,7 @@ import torch
 from mpi4py import MPI
 
 from hpctrain import comm as comm_lib
+from hpctrain import testhooks
 from hpctrain.comm import cuda_mpi, ring, staging, streams
 from hpctrain.comm.window import SharedWindow
 from hpctrain.topology import Topology
@@ -44,7 +45,7 @@ def fake_device(monkeypatch):
     fake = FakeCuda()
     monkeypatch.setattr(streams, "API", fake)
     monkeypatch.setattr(cuda_mpi, "cudart", lambda: LoggingCudart(fake.log))
-    monkeypatch.setenv(staging.TEST_SWITCH, "1")
+    monkeypatch.setenv(testhooks.TEST_STAGING, "1")
     monkeypatch.setenv(cuda_mpi.AWARE_SWITCH, "0")
     return fake
 

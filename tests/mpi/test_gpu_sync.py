@@ -21,6 +21,7 @@ from mpi4py import MPI
 
 from hpctrain import comm as comm_lib
 from hpctrain.api import bind_device
+from hpctrain import testhooks
 from hpctrain.comm import cuda_mpi, staging
 from hpctrain.topology import Topology
 from tests.mpi.test_comm_strategies import CASES, CODECS, STRATS, bound, reference
@@ -31,7 +32,7 @@ pytestmark = [pytest.mark.mpi, pytest.mark.gpu,
 
 def staged_route(monkeypatch):
     """Stage device buckets through host memory whatever the MPI library is."""
-    monkeypatch.delenv(staging.TEST_SWITCH, raising=False)
+    monkeypatch.delenv(testhooks.TEST_STAGING, raising=False)
     monkeypatch.setenv(cuda_mpi.AWARE_SWITCH, "0")
 
 
@@ -145,7 +146,7 @@ def test_cuda_aware_mpi_reduces_device_buffers_directly(case, overlap, monkeypat
     order than on the host). Overlapped, MPI's buckets take the ring unless the library's
     non-blocking collectives take device memory (issue 22, finding 1: Iallreduce of device
     memory crashes Open MPI)."""
-    monkeypatch.delenv(staging.TEST_SWITCH, raising=False)
+    monkeypatch.delenv(testhooks.TEST_STAGING, raising=False)
     topo = closer(Topology.create(MPI.COMM_WORLD))
     device = bind_device(topo, "cuda")
     sizes, bucket_bytes = CASES[case]
