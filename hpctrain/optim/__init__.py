@@ -17,16 +17,20 @@ import torch
 
 from hpctrain.errors import config_errors
 
+from .lamb import LAMB
 from .lars import LARS, resolve_norms_fn, trust_ratio
 from .loss_scale import LossScaler, grads_have_inf, next_scale, unscale_and_check_
 from .schedules import (ScheduleSpec, linear_scaled_lr, lr_at, mlperf_lars_base_lr,
                         mlperf_lars_warmup_epochs, spec_from_config)
 
-__all__ = ["LARS", "trust_ratio", "resolve_norms_fn", "LossScaler", "next_scale",
+__all__ = ["LARS", "LAMB", "trust_ratio", "resolve_norms_fn", "LossScaler", "next_scale",
            "grads_have_inf", "unscale_and_check_", "ScheduleSpec", "lr_at",
            "linear_scaled_lr", "mlperf_lars_base_lr", "mlperf_lars_warmup_epochs",
            "spec_from_config", "make_optimizer", "make_criterion", "set_lr", "split_1d",
            "optimizer_from_config", "schedule_from_config"]
+
+
+OPTIMIZERS = ("sgd", "lars", "lamb")
 
 
 def _params(params_or_model) -> list[torch.nn.Parameter]:
@@ -44,7 +48,8 @@ def split_1d(params: Iterable[torch.nn.Parameter]) -> tuple[list, list]:
 def make_optimizer(params_or_model, name: str, lr: float, momentum: float = 0.9,
                    weight_decay: float = 0.0, nesterov: bool = False, *,
                    exclude_1d: bool = True, eta: float = 0.001, eps: float = 0.0,
-                   clip: bool = False) -> torch.optim.Optimizer:
+                   clip: bool = False, lr_1d_scale: float = 1.0, beta2: float = 0.999,
+                   adam_eps: float = 1e-6) -> torch.optim.Optimizer:
     """Build ``torch.optim.SGD`` or ``LARS`` for a model (or an iterable of parameters).
 
     SGD with ``exclude_1d``: two param groups, the 1-D one with ``weight_decay=0`` (Goyal et
@@ -63,8 +68,12 @@ def make_optimizer(params_or_model, name: str, lr: float, momentum: float = 0.9,
                                nesterov=nesterov)
     if name == "lars":
         return LARS(params, lr=lr, momentum=momentum, weight_decay=weight_decay,
-                    nesterov=nesterov, eta=eta, eps=eps, clip=clip, exclude_1d=exclude_1d)
-    raise ValueError(f"optimizer {name!r} not in ('sgd', 'lars')")
+                    nesterov=nesterov, eta=eta, eps=eps, clip=clip, exclude_1d=exclude_1d,
+                    lr_1d_scale=lr_1d_scale)
+    if name == "lamb":
+        return LAMB(params, lr=lr, betas=(momentum, beta2), eps=adam_eps, weight_decay=weight_decay,
+                    exclude_1d=exclude_1d, lr_1d_scale=lr_1d_scale)
+    raise ValueError(f"optimizer {name!r} not in {OPTIMIZERS}")
 
 
 def optimizer_from_config(params_or_model, o) -> torch.optim.Optimizer:
@@ -72,7 +81,8 @@ def optimizer_from_config(params_or_model, o) -> torch.optim.Optimizer:
     with config_errors():
         return make_optimizer(params_or_model, o.name, lr=o.lr, momentum=o.momentum,
                               weight_decay=o.weight_decay, nesterov=o.nesterov, eta=o.lars_eta,
-                              eps=o.lars_eps, exclude_1d=o.lars_exclude_1d, clip=o.lars_clip)
+                              eps=o.lars_eps, exclude_1d=o.lars_exclude_1d, clip=o.lars_clip,
+                              lr_1d_scale=o.lr_1d_scale, beta2=o.lamb_beta2, adam_eps=o.lamb_eps)
 
 
 def schedule_from_config(o, *, global_batch: int, steps_per_epoch: int, epochs: int) -> ScheduleSpec:

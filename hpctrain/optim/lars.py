@@ -124,15 +124,15 @@ class LARS(Optimizer):
     def __init__(self, params, lr: float, momentum: float = 0.9, weight_decay: float = 0.0,
                  nesterov: bool = False, eta: float = 0.001, eps: float = 0.0,
                  clip: bool = False, exclude_1d: bool = True, trust_ratio: bool = True,
-                 norms_fn: NormsFn | None = None, fused_update: bool | None = None):
-        if lr < 0 or momentum < 0 or weight_decay < 0 or eta <= 0 or eps < 0:
+                 lr_1d_scale: float = 1.0, norms_fn: NormsFn | None = None, fused_update: bool | None = None):
+        if lr < 0 or momentum < 0 or weight_decay < 0 or eta <= 0 or eps < 0 or lr_1d_scale < 0:
             raise ValueError(f"LARS: invalid hyper-parameter (lr={lr}, momentum={momentum}, "
-                             f"weight_decay={weight_decay}, eta={eta}, eps={eps})")
+                             f"weight_decay={weight_decay}, eta={eta}, eps={eps}, lr_1d_scale={lr_1d_scale})")
         if nesterov and momentum <= 0:
             raise ValueError("LARS: nesterov=True needs momentum > 0")
         defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
                         eta=eta, eps=eps, clip=clip, exclude_1d=exclude_1d,
-                        trust_ratio=trust_ratio)
+                        trust_ratio=trust_ratio, lr_1d_scale=lr_1d_scale)
         super().__init__(params, defaults)
         if norms_fn is None:
             norms_fn, self.norms_backend = resolve_norms_fn()
@@ -169,7 +169,7 @@ class LARS(Optimizer):
             if decay:
                 self._update(group, decay, lr, wd)
             if skip:
-                self._update(group, skip, lr, 0.0)
+                self._update(group, skip, lr * group.get("lr_1d_scale", 1.0), 0.0)
         return loss
 
     @staticmethod

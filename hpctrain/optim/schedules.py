@@ -170,8 +170,8 @@ def spec_from_config(*, lr: float | None, global_batch: int, steps_per_epoch: in
     ``warmup_epochs=None`` -> MLPerf table for LARS, 5 epochs (Goyal) for SGD.
     ``hold_epochs`` (hybrid only) defaults to ``warmup_epochs``: switch at 2x warm-up.
     """
-    if optimizer not in ("sgd", "lars"):
-        raise ValueError(f"optimizer {optimizer!r} not in ('sgd', 'lars')")
+    if optimizer not in ("sgd", "lars", "lamb"):
+        raise ValueError(f"optimizer {optimizer!r} not in ('sgd', 'lars', 'lamb')")
     if steps_per_epoch <= 0 or epochs <= 0 or global_batch <= 0:
         raise ValueError("steps_per_epoch, epochs and global_batch must be > 0")
     if lr is None and optimizer == "lars":
