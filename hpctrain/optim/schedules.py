@@ -123,6 +123,8 @@ def describe_lr(cfg_optim, global_batch: int) -> str:
     ``cfg_optim`` is the ``optim`` config section (``lr``, ``base_batch``, ``scale_lr``, ``name``);
     the number is the one :func:`spec_from_config` computes.
     """
+    if getattr(cfg_optim, "recipe_line", ""):          # optim.recipe = "auto", applied
+        return cfg_optim.recipe_line
     lr = getattr(cfg_optim, "lr", None)
     base_batch = getattr(cfg_optim, "base_batch", 256)
     scale = getattr(cfg_optim, "scale_lr", True)
