@@ -89,7 +89,8 @@ def main(argv: list[str]) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("study", choices=["large-batch", "held-out"])
     ap.add_argument("--config", help="TOML base config (dataset, model, …); large-batch only")
-    ap.add_argument("--epochs", type=int, default=30)
+    ap.add_argument("--epochs", type=int, default=None, help="default: 30 for large-batch, 60 for held-out "
+                    "(its 32x runs need the steps: docs/large-batch.md)")
     ap.add_argument("--batch", type=int, default=None, help="small (baseline) global batch (default: 16 for "
                     "large-batch, 64 for held-out)")
     ap.add_argument("--factor", type=int, default=32, help="large batch = batch × factor")
@@ -107,9 +108,9 @@ def main(argv: list[str]) -> int:
     comm = MPI.COMM_WORLD
     if args.study == "held-out":
         from hpctrain.bench import held_out
-        args.batch = args.batch or 64
+        args.batch, args.epochs = args.batch or 64, args.epochs or 60
         return held_out.main(args, comm)
-    args.batch = args.batch or 16
+    args.batch, args.epochs = args.batch or 16, args.epochs or 30
     base = Config()
     if args.config:
         load_toml(base, args.config)

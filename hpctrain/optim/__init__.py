@@ -6,8 +6,14 @@ name     when to use
 sgd      global batch up to ~8K with the linear scaling rule and 5-epoch warm-up (Goyal et al.
          2017); no weight decay on 1-D parameters (BN gamma/beta, biases) when ``exclude_1d``.
 lars     larger batches (MLPerf ResNet-50 recipe: ``lars`` + ``poly`` schedule, peak lr from
-         ``mlperf_lars_base_lr``); per-layer trust ratios, 1-D parameters excluded.
+         ``mlperf_lars_base_lr``); per-layer trust ratios, 1-D parameters excluded (their lr is
+         ``lr * lr_1d_scale``: lower it on a BN-free net, docs/large-batch.md).
+lamb     the same batches with Adam's moments under the trust ratio (You et al. 2019); ``lr`` is
+         the relative step per layer (about 0.05 at batch 2K, square-root scaled).
 =======  =====================================================================================
+
+``optim.recipe = "auto"`` (``recipe.py``) picks lr, eta and warm-up from the global batch, the
+optimiser and whether the model normalises.
 """
 from __future__ import annotations
 
@@ -50,10 +56,11 @@ def make_optimizer(params_or_model, name: str, lr: float, momentum: float = 0.9,
                    exclude_1d: bool = True, eta: float = 0.001, eps: float = 0.0,
                    clip: bool = False, lr_1d_scale: float = 1.0, beta2: float = 0.999,
                    adam_eps: float = 1e-6) -> torch.optim.Optimizer:
-    """Build ``torch.optim.SGD`` or ``LARS`` for a model (or an iterable of parameters).
+    """Build ``torch.optim.SGD``, ``LARS`` or ``LAMB`` for a model (or an iterable of parameters).
 
     SGD with ``exclude_1d``: two param groups, the 1-D one with ``weight_decay=0`` (Goyal et
-    al.). LARS handles the 1-D exclusion itself (trust ratio and weight decay). The schedule
+    al.). LARS and LAMB handle the 1-D exclusion themselves (trust ratio and weight decay; lr
+    times ``lr_1d_scale``); LAMB's beta1 is ``momentum``, beta2 ``beta2``. The schedule
     sets ``lr`` every step through ``set_lr``.
     """
     params = _params(params_or_model)
