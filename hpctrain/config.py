@@ -71,7 +71,8 @@ def opt(default, help: str, *, range: Range | None = None, choices=None, **kw):
 
 @dataclass
 class DataConfig:
-    dataset: str = opt("digits", "'digits' (bundled scikit-learn digits, converted on first use) or a shard directory")
+    dataset: str = opt("digits", "'digits' (bundled scikit-learn digits), 'signal1d' or 'tabular' (generated, "
+                       "data_tools/synthetic.py), converted on first use, or a shard directory")
     cache_dir: str = opt("~/.cache/hpctrain", "where built-in datasets are converted to shards")
     block_size: int = opt(32, "samples per contiguous block in the per-epoch shuffle plan", range=POSITIVE)
     shuffle_window: int = opt(1024, "samples shuffled together in memory after contiguous reads",
