@@ -21,7 +21,7 @@ import time
 from hpctrain.config import Config
 from hpctrain.errors import UserError
 
-DATASETS = {"signal1d": "signal_cnn", "tabular": "mlp"}
+DATASETS = {"signal1d": "signal_cnn", "tabular": "mlp", "spirals": "mlp"}
 
 
 def variants(batch: int, factor: int, lr: float, ablation: bool) -> list[tuple[str, dict]]:

@@ -20,7 +20,7 @@ def test_signals_are_deterministic_and_separate_by_class():
 
 
 def test_sources_are_registered_builtins_with_train_and_test_splits():
-    for name, shape, classes in (("signal1d", (1, 64), 10), ("tabular", (32,), 8)):
+    for name, shape, classes in (("signal1d", (1, 64), 10), ("tabular", (32,), 8), ("spirals", (16,), 5)):
         assert name in BUILTIN_DATASETS
         src = SOURCES[name](None, n_train=256, n_test=64)
         assert src.sample_shape == shape and len(src.class_names) == classes
