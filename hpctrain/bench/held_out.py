@@ -1,8 +1,8 @@
 """``python -m hpctrain study held-out``: does the large-batch recipe hold on data nobody tuned for?
 
-Two generated datasets the project was never tuned on (``data_tools/synthetic.py``), each with a
-BN-free model: ``signal1d`` (1-D signals, ``signal_cnn``) and ``tabular`` (make_classification,
-``mlp``), 16,384 training samples each. Per dataset and seed (60 epochs by default: at 32x the
+Three generated datasets (``data_tools/synthetic.py``), each with a BN-free model: ``signal1d``
+(1-D signals, ``signal_cnn``), ``tabular`` (make_classification, ``mlp``) and ``spirals`` (``mlp``;
+the one never used to choose the recipe's values), 16,384 training samples each. Per dataset and seed (60 epochs by default: at 32x the
 batch that is 480 steps; 30 epochs, 240 steps, left LARS and LAMB 2.5 points short on signal1d):
 (i) small-batch SGD (batch B, lr 0.05, cosine), then at 32xB
 LARS and LAMB with ``optim.recipe = "auto"`` (no lr, eta or warm-up given). ``--ablation`` adds

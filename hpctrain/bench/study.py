@@ -99,7 +99,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--warmup-epochs", type=float, default=5.0)
     ap.add_argument("--no-polish", action="store_true", help="skip the Final Polishing pair")
     ap.add_argument("--out", default="runs/study", help="output directory")
-    ap.add_argument("--datasets", default="signal1d,tabular", help="held-out: comma-separated generated datasets")
+    ap.add_argument("--datasets", default="signal1d,tabular,spirals", help="held-out: comma-separated generated "
+                    "datasets")
     ap.add_argument("--seeds", type=int, default=3, help="held-out: seeds 0..N-1 per variant")
     ap.add_argument("--ablation", action="store_true", help="held-out: add LARS as given (MLPerf eta, raw 1-D lr)")
     ap.add_argument("--cache-dir", default=None, help="held-out: where the generated datasets are converted")
