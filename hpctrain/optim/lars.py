@@ -15,7 +15,9 @@ constant; under a schedule LARS follows the MLPerf reference.
 Exclusions: with ``exclude_1d=True`` (default) every parameter with ``ndim <= 1`` (BN gamma/beta,
 biases) gets neither the trust ratio nor weight decay, as the MLPerf reference's skip list
 ``['batch_normalization', 'bias']`` does (timm ``optim/lars.py`` does the same through
-param groups). A group with ``trust_ratio=False`` is plain momentum SGD with weight decay.
+param groups). Their lr is ``lr * lr_1d_scale`` (default 1: the raw lr, as MLPerf; on a net
+without BatchNorm the raw peak lr blows up the biases, docs/large-batch.md). A group with
+``trust_ratio=False`` is plain momentum SGD with weight decay.
 
 LARC clipping (``clip=True``), as NVIDIA apex ``parallel/LARC.py`` (``clip=True``) and timm
 ``trust_clip``: ``lambda_eff = min(lambda / lr, 1)``, so the per-layer step size
@@ -117,7 +119,7 @@ class LARS(Optimizer):
     Defaults follow the MLPerf ResNet-50 reference: ``eta=0.001``, ``momentum=0.9``,
     ``eps=0.0`` (its ``lars_epsilon`` flag; safe because zero norms are guarded).
     Per-group options: lr, momentum, weight_decay, nesterov, eta, eps, clip, exclude_1d,
-    trust_ratio. State per parameter: ``momentum_buffer`` (zeros-initialised, so the first
+    trust_ratio, lr_1d_scale. State per parameter: ``momentum_buffer`` (zeros-initialised, so the first
     step equals torch SGD's ``clone(d)`` initialisation).
     """
 
