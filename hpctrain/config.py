@@ -142,7 +142,8 @@ class OptimConfig:
     label_smoothing: float = opt(0.0, "label smoothing of the cross-entropy loss", range=FRACTION)
     lars_eta: float = opt(0.001, "LARS trust coefficient eta", range=Range(0, 1, lo_open=True))
     lars_eps: float = opt(1e-9, "LARS epsilon in the trust ratio denominator", range=Range(0, 1))
-    lars_exclude_1d: bool = opt(True, "exclude 1-D parameters (BN, bias) from the trust ratio (LARS, LAMB) and weight decay")
+    lars_exclude_1d: bool = opt(True, "exclude 1-D parameters (BN, bias) from the trust ratio (LARS, LAMB) and "
+                                "weight decay")
     lars_clip: bool = opt(False, "LARC-style clipping of the trust ratio")
     lr_1d_scale: float = opt(1.0, "LARS/LAMB: lr multiplier of the 1-D parameters excluded from the trust ratio "
                              "(1: the raw lr, as MLPerf; too large for a BN-free net, docs/large-batch.md)",

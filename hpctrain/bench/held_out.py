@@ -2,9 +2,9 @@
 
 Three generated datasets (``data_tools/synthetic.py``), each with a BN-free model: ``signal1d``
 (1-D signals, ``signal_cnn``), ``tabular`` (make_classification, ``mlp``) and ``spirals`` (``mlp``;
-the one never used to choose the recipe's values), 16,384 training samples each. Per dataset and seed (60 epochs by default: at 32x the
-batch that is 480 steps; 30 epochs, 240 steps, left LARS and LAMB 2.5 points short on signal1d):
-(i) small-batch SGD (batch B, lr 0.05, cosine), then at 32xB
+the one never used to choose the recipe's values), 16,384 training samples each. Per dataset and
+seed, 60 epochs by default (480 steps at 32x the batch; 30 epochs, 240 steps, left LARS and LAMB
+2.5 points short on signal1d): (i) small-batch SGD (batch B, lr 0.05, cosine), then at 32xB
 LARS and LAMB with ``optim.recipe = "auto"`` (no lr, eta or warm-up given). ``--ablation`` adds
 LARS with the MLPerf defaults as given (eta 0.001, raw lr on the 1-D parameters) and the
 BN-free row's eta without the 1-D scaling, to show what each part of the recipe fixes.
@@ -72,7 +72,8 @@ def summarise(rows: list[dict]) -> list[dict]:
         for name in names:
             accs = [100 * r["test_accuracy"] for r in mine if r["name"] == name]
             mean = statistics.mean(accs)
-            out.append({"dataset": dataset, "name": name, "batch": next(r["global_batch"] for r in mine if r["name"] == name),
+            batch = next(r["global_batch"] for r in mine if r["name"] == name)
+            out.append({"dataset": dataset, "name": name, "batch": batch,
                         "accs": accs, "mean": mean, "min": min(accs), "max": max(accs),
                         "vs_small": mean - small, "worst_vs_small": min(accs) - small})
     return out

@@ -30,8 +30,9 @@ class SmallCNN(nn.Module):
 
 class SignalCNN(nn.Module):
     """BN-free 1-D CNN for (C, L) signals: conv7(8)-ReLU-pool2 → conv5(16)-ReLU-pool2 → conv3(32)-ReLU
-    → global average → FC(classes) (narrow: a 30-epoch run takes seconds on one core). Every conv and the FC have a bias: the 1-D parameters LARS and
-    LAMB exclude from the trust ratio are the biases alone (no BatchNorm)."""
+    → global average → FC(classes); narrow, to keep the held-out study's runs short on a CPU. Every
+    conv and the FC have a bias: the 1-D parameters LARS and LAMB exclude from the trust ratio are
+    the biases alone (no BatchNorm)."""
 
     def __init__(self, num_classes: int = 10, in_channels: int = 1):
         super().__init__()
