@@ -77,20 +77,25 @@ def recipe_for(optimizer: str, global_batch: int, normalised: bool) -> Recipe:
     raise ValueError(f"optim.recipe auto: no recipe for optimizer {optimizer!r}")
 
 
-def apply_recipe(o, global_batch: int, model: nn.Module) -> str:
+def apply_recipe(o, global_batch: int, model: nn.Module, epochs: float | None = None) -> str:
     """With ``o.recipe == "auto"``, overwrite the ``[optim]`` fields the recipe decides (lr,
     scale_lr, base_batch, lars_eta, lr_1d_scale, warmup, warmup_epochs, schedule) and return the
     start-up line saying what was chosen and why (also kept as ``o.recipe_line`` for
-    :func:`~hpctrain.optim.schedules.describe_lr`); ``""`` and nothing changed otherwise."""
+    :func:`~hpctrain.optim.schedules.describe_lr`); ``""`` and nothing changed otherwise.
+    ``epochs`` given: the warm-up is capped at half the run (a short test run still starts)."""
     if getattr(o, "recipe", "none") != "auto":
         return ""
     r = recipe_for(o.name, global_batch, normalises(model))
-    o.lr, o.warmup, o.warmup_epochs, o.schedule = r.lr, "linear", r.warmup_epochs, r.schedule
+    warmup, why = r.warmup_epochs, r.why
+    if epochs is not None and warmup > epochs / 2:
+        warmup = epochs / 2
+        why += f" (warm-up capped at half the {epochs:g}-epoch run: {warmup:g})"
+    o.lr, o.warmup, o.warmup_epochs, o.schedule = r.lr, "linear", warmup, r.schedule
     o.scale_lr = r.base_batch is not None
     if r.base_batch is not None:
         o.base_batch = r.base_batch
     if r.eta is not None:
         o.lars_eta = r.eta
     o.lr_1d_scale = r.lr_1d_scale
-    o.recipe_line = f"recipe auto ({o.name}, global batch {global_batch}): {r.why}"
+    o.recipe_line = f"recipe auto ({o.name}, global batch {global_batch}): {why}"
     return o.recipe_line

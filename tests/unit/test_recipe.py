@@ -86,3 +86,11 @@ def test_recipe_then_optimiser_and_schedule_from_config():
     spec = schedule_from_config(o, global_batch=2048, steps_per_epoch=8, epochs=30)
     assert (spec.peak_lr, spec.warmup_steps, spec.kind) == (10.0, 40, "poly")
     assert lr_at(40, spec) == pytest.approx(10.0) and lr_at(20, spec) == pytest.approx(5.0)
+
+
+def test_recipe_warmup_is_capped_at_half_a_short_run():
+    o = OptimConfig(name="lamb", recipe="auto")
+    line = apply_recipe(o, 2048, MLP(num_classes=8, in_channels=32), epochs=6)
+    assert o.warmup_epochs == 3.0 and line.endswith("(warm-up capped at half the 6-epoch run: 3)")
+    o = OptimConfig(name="lamb", recipe="auto")
+    assert not apply_recipe(o, 2048, MLP(), epochs=60).endswith(")") and o.warmup_epochs == 5.0
