@@ -14,7 +14,7 @@ _EXPORTS = {
     "shard_loader": "hpctrain.api", "shard_eval_batches": "hpctrain.api",
     "DistributedTrainer": "hpctrain.trainer",
     "Topology": "hpctrain.topology",
-    "LARS": "hpctrain.optim", "make_optimizer": "hpctrain.optim", "lr_at": "hpctrain.optim",
+    "LARS": "hpctrain.optim", "LAMB": "hpctrain.optim", "make_optimizer": "hpctrain.optim", "lr_at": "hpctrain.optim",
     "ScheduleSpec": "hpctrain.optim", "spec_from_config": "hpctrain.optim", "LossScaler": "hpctrain.optim",
     "polish_bn": "hpctrain.polish",
     "build_model": "hpctrain.models",

@@ -71,7 +71,8 @@ def opt(default, help: str, *, range: Range | None = None, choices=None, **kw):
 
 @dataclass
 class DataConfig:
-    dataset: str = opt("digits", "'digits' (bundled scikit-learn digits, converted on first use) or a shard directory")
+    dataset: str = opt("digits", "'digits' (bundled scikit-learn digits), 'signal1d' or 'tabular' (generated, "
+                       "data_tools/synthetic.py), converted on first use, or a shard directory")
     cache_dir: str = opt("~/.cache/hpctrain", "where built-in datasets are converted to shards")
     block_size: int = opt(32, "samples per contiguous block in the per-epoch shuffle plan", range=POSITIVE)
     shuffle_window: int = opt(1024, "samples shuffled together in memory after contiguous reads",
@@ -118,7 +119,10 @@ class TrainConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = opt("sgd", "optimiser: sgd | lars", choices=("sgd", "lars"))
+    name: str = opt("sgd", "optimiser: sgd | lars | lamb", choices="hpctrain.optim:OPTIMIZERS")
+    recipe: str = opt("none", "none: lr, lars_eta, warm-up and schedule as given | auto: the large-batch table "
+                      "(docs/large-batch.md) sets them from the global batch, the optimiser and whether the model "
+                      "normalises (lars, lamb)", choices="hpctrain.optim.recipe:RECIPES")
     lr: float = opt(0.4, "base learning rate at base_batch (linear scaling rule applied if scale_lr)", range=LR)
     base_batch: int = opt(256, "batch size at which lr is given", range=POSITIVE)
     scale_lr: bool = opt(True, "linear scaling rule: lr * global_batch / base_batch")
@@ -138,8 +142,14 @@ class OptimConfig:
     label_smoothing: float = opt(0.0, "label smoothing of the cross-entropy loss", range=FRACTION)
     lars_eta: float = opt(0.001, "LARS trust coefficient eta", range=Range(0, 1, lo_open=True))
     lars_eps: float = opt(1e-9, "LARS epsilon in the trust ratio denominator", range=Range(0, 1))
-    lars_exclude_1d: bool = opt(True, "exclude 1-D parameters (BN, bias) from LARS and weight decay")
+    lars_exclude_1d: bool = opt(True, "exclude 1-D parameters (BN, bias) from the trust ratio (LARS, LAMB) and "
+                                "weight decay")
     lars_clip: bool = opt(False, "LARC-style clipping of the trust ratio")
+    lr_1d_scale: float = opt(1.0, "LARS/LAMB: lr multiplier of the 1-D parameters excluded from the trust ratio "
+                             "(1: the raw lr, as MLPerf; too large for a BN-free net, docs/large-batch.md)",
+                             range=Range(0, 1))
+    lamb_beta2: float = opt(0.999, "LAMB: second-moment decay (beta1 is optim.momentum)", range=FRACTION)
+    lamb_eps: float = opt(1e-6, "LAMB: epsilon added to sqrt(v_hat)", range=Range(0, 1))
 
 
 @dataclass

@@ -33,6 +33,7 @@ from hpctrain.ops.signals import StopSignal, Stopped
 from hpctrain.ops.timeline import Timeline, merge_and_write
 from hpctrain.ops.watchdog import Watchdog, busy, start_watchdog
 from hpctrain.optim import optimizer_from_config, schedule_from_config
+from hpctrain.optim.recipe import apply_recipe
 from hpctrain.optim.schedules import describe_lr
 from hpctrain.polish import recompute_bn_stats
 from hpctrain.topology import Topology
@@ -158,6 +159,7 @@ def _model_and_optimizer(cfg: Config, index, loader, device: torch.device):
     model = gpu_settings.model_memory_format(model, cfg.train.channels_last)
     sample = next(iter(eval_batches(loader.shards, rank=0, size=1, batch_size=2)))[0].to(device)
     check_model_output(model, sample, index.num_classes, m.name)
+    apply_recipe(cfg.optim, cfg.train.batch_size, model, cfg.train.epochs)   # optim.recipe = "auto": lr, eta, warm-up
     optimizer = optimizer_from_config(model, cfg.optim)
     schedule = schedule_from_config(cfg.optim, global_batch=cfg.train.batch_size, steps_per_epoch=loader.steps,
                                     epochs=cfg.train.epochs)

@@ -1,4 +1,5 @@
 """``python -m hpctrain study large-batch``: do the large-batch techniques do what the papers claim?
+(``study held-out``: the same question on generated data nobody tuned for, ``bench/held_out.py``.)
 
 Trains the same model for the same number of epochs as
   (i)   small-batch baseline, plain SGD;
@@ -86,19 +87,31 @@ def table(rows: list[dict]) -> str:
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m hpctrain study", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("study", choices=["large-batch"])
-    ap.add_argument("--config", help="TOML base config (dataset, model, …)")
-    ap.add_argument("--epochs", type=int, default=30)
-    ap.add_argument("--batch", type=int, default=16, help="small (baseline) global batch")
+    ap.add_argument("study", choices=["large-batch", "held-out"])
+    ap.add_argument("--config", help="TOML base config (dataset, model, …); large-batch only")
+    ap.add_argument("--epochs", type=int, default=None, help="default: 30 for large-batch, 60 for held-out "
+                    "(its 32x runs need the steps: docs/large-batch.md)")
+    ap.add_argument("--batch", type=int, default=None, help="small (baseline) global batch (default: 16 for "
+                    "large-batch, 64 for held-out)")
     ap.add_argument("--factor", type=int, default=32, help="large batch = batch × factor")
     ap.add_argument("--lr", type=float, default=0.05, help="SGD lr at the small batch")
     ap.add_argument("--lars-lr", type=float, default=4.0, help="LARS peak lr (unscaled)")
     ap.add_argument("--warmup-epochs", type=float, default=5.0)
     ap.add_argument("--no-polish", action="store_true", help="skip the Final Polishing pair")
     ap.add_argument("--out", default="runs/study", help="output directory")
+    ap.add_argument("--datasets", default="signal1d,tabular,spirals", help="held-out: comma-separated generated "
+                    "datasets")
+    ap.add_argument("--seeds", type=int, default=3, help="held-out: seeds 0..N-1 per variant")
+    ap.add_argument("--ablation", action="store_true", help="held-out: add LARS as given (MLPerf eta, raw 1-D lr)")
+    ap.add_argument("--cache-dir", default=None, help="held-out: where the generated datasets are converted")
     args = ap.parse_args(argv)
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
+    if args.study == "held-out":
+        from hpctrain.bench import held_out
+        args.batch, args.epochs = args.batch or 64, args.epochs or 60
+        return held_out.main(args, comm)
+    args.batch, args.epochs = args.batch or 16, args.epochs or 30
     base = Config()
     if args.config:
         load_toml(base, args.config)

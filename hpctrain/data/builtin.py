@@ -13,7 +13,8 @@ from mpi4py import MPI
 
 from hpctrain.errors import UserError
 
-BUILTIN_DATASETS = {"digits": "digits-v1"}
+BUILTIN_DATASETS = {"digits": "digits-v1", "signal1d": "signal1d-v1", "tabular": "tabular-v1",
+                    "spirals": "spirals-v1"}
 
 
 def resolve_dataset(dataset: str, cache_dir: str, comm: MPI.Comm) -> str:
@@ -34,6 +35,7 @@ def resolve_dataset(dataset: str, cache_dir: str, comm: MPI.Comm) -> str:
 
 
 def _convert(dataset: str, path: str) -> None:
+    import data_tools.synthetic  # noqa: F401  (registers the generated datasets)
     from data_tools.sources import SOURCES
     from data_tools.writer import convert
 

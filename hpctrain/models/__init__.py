@@ -22,9 +22,11 @@ from hpctrain.errors import UserError
 
 BUILTIN = {
     "digits_cnn": "hpctrain.models.small:SmallCNN",
+    "mlp": "hpctrain.models.small:MLP",
     "resnet18": "hpctrain.models.resnet:resnet18",
     "resnet20": "hpctrain.models.resnet:resnet20",
     "resnet50": "hpctrain.models.resnet:resnet50",
+    "signal_cnn": "hpctrain.models.small:SignalCNN",
 }
 
 

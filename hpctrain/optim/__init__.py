@@ -6,8 +6,14 @@ name     when to use
 sgd      global batch up to ~8K with the linear scaling rule and 5-epoch warm-up (Goyal et al.
          2017); no weight decay on 1-D parameters (BN gamma/beta, biases) when ``exclude_1d``.
 lars     larger batches (MLPerf ResNet-50 recipe: ``lars`` + ``poly`` schedule, peak lr from
-         ``mlperf_lars_base_lr``); per-layer trust ratios, 1-D parameters excluded.
+         ``mlperf_lars_base_lr``); per-layer trust ratios, 1-D parameters excluded (their lr is
+         ``lr * lr_1d_scale``: lower it on a BN-free net, docs/large-batch.md).
+lamb     the same batches with Adam's moments under the trust ratio (You et al. 2019); ``lr`` is
+         the relative step per layer (about 0.05 at batch 2K, square-root scaled).
 =======  =====================================================================================
+
+``optim.recipe = "auto"`` (``recipe.py``) picks lr, eta and warm-up from the global batch, the
+optimiser and whether the model normalises.
 """
 from __future__ import annotations
 
@@ -17,16 +23,20 @@ import torch
 
 from hpctrain.errors import config_errors
 
+from .lamb import LAMB
 from .lars import LARS, resolve_norms_fn, trust_ratio
 from .loss_scale import LossScaler, grads_have_inf, next_scale, unscale_and_check_
 from .schedules import (ScheduleSpec, linear_scaled_lr, lr_at, mlperf_lars_base_lr,
                         mlperf_lars_warmup_epochs, spec_from_config)
 
-__all__ = ["LARS", "trust_ratio", "resolve_norms_fn", "LossScaler", "next_scale",
+__all__ = ["LARS", "LAMB", "trust_ratio", "resolve_norms_fn", "LossScaler", "next_scale",
            "grads_have_inf", "unscale_and_check_", "ScheduleSpec", "lr_at",
            "linear_scaled_lr", "mlperf_lars_base_lr", "mlperf_lars_warmup_epochs",
            "spec_from_config", "make_optimizer", "make_criterion", "set_lr", "split_1d",
            "optimizer_from_config", "schedule_from_config"]
+
+
+OPTIMIZERS = ("sgd", "lars", "lamb")
 
 
 def _params(params_or_model) -> list[torch.nn.Parameter]:
@@ -44,11 +54,13 @@ def split_1d(params: Iterable[torch.nn.Parameter]) -> tuple[list, list]:
 def make_optimizer(params_or_model, name: str, lr: float, momentum: float = 0.9,
                    weight_decay: float = 0.0, nesterov: bool = False, *,
                    exclude_1d: bool = True, eta: float = 0.001, eps: float = 0.0,
-                   clip: bool = False) -> torch.optim.Optimizer:
-    """Build ``torch.optim.SGD`` or ``LARS`` for a model (or an iterable of parameters).
+                   clip: bool = False, lr_1d_scale: float = 1.0, beta2: float = 0.999,
+                   adam_eps: float = 1e-6) -> torch.optim.Optimizer:
+    """Build ``torch.optim.SGD``, ``LARS`` or ``LAMB`` for a model (or an iterable of parameters).
 
     SGD with ``exclude_1d``: two param groups, the 1-D one with ``weight_decay=0`` (Goyal et
-    al.). LARS handles the 1-D exclusion itself (trust ratio and weight decay). The schedule
+    al.). LARS and LAMB handle the 1-D exclusion themselves (trust ratio and weight decay; lr
+    times ``lr_1d_scale``); LAMB's beta1 is ``momentum``, beta2 ``beta2``. The schedule
     sets ``lr`` every step through ``set_lr``.
     """
     params = _params(params_or_model)
@@ -63,8 +75,12 @@ def make_optimizer(params_or_model, name: str, lr: float, momentum: float = 0.9,
                                nesterov=nesterov)
     if name == "lars":
         return LARS(params, lr=lr, momentum=momentum, weight_decay=weight_decay,
-                    nesterov=nesterov, eta=eta, eps=eps, clip=clip, exclude_1d=exclude_1d)
-    raise ValueError(f"optimizer {name!r} not in ('sgd', 'lars')")
+                    nesterov=nesterov, eta=eta, eps=eps, clip=clip, exclude_1d=exclude_1d,
+                    lr_1d_scale=lr_1d_scale)
+    if name == "lamb":
+        return LAMB(params, lr=lr, betas=(momentum, beta2), eps=adam_eps, weight_decay=weight_decay,
+                    exclude_1d=exclude_1d, lr_1d_scale=lr_1d_scale)
+    raise ValueError(f"optimizer {name!r} not in {OPTIMIZERS}")
 
 
 def optimizer_from_config(params_or_model, o) -> torch.optim.Optimizer:
@@ -72,7 +88,8 @@ def optimizer_from_config(params_or_model, o) -> torch.optim.Optimizer:
     with config_errors():
         return make_optimizer(params_or_model, o.name, lr=o.lr, momentum=o.momentum,
                               weight_decay=o.weight_decay, nesterov=o.nesterov, eta=o.lars_eta,
-                              eps=o.lars_eps, exclude_1d=o.lars_exclude_1d, clip=o.lars_clip)
+                              eps=o.lars_eps, exclude_1d=o.lars_exclude_1d, clip=o.lars_clip,
+                              lr_1d_scale=o.lr_1d_scale, beta2=o.lamb_beta2, adam_eps=o.lamb_eps)
 
 
 def schedule_from_config(o, *, global_batch: int, steps_per_epoch: int, epochs: int) -> ScheduleSpec:

@@ -15,7 +15,9 @@ constant; under a schedule LARS follows the MLPerf reference.
 Exclusions: with ``exclude_1d=True`` (default) every parameter with ``ndim <= 1`` (BN gamma/beta,
 biases) gets neither the trust ratio nor weight decay, as the MLPerf reference's skip list
 ``['batch_normalization', 'bias']`` does (timm ``optim/lars.py`` does the same through
-param groups). A group with ``trust_ratio=False`` is plain momentum SGD with weight decay.
+param groups). Their lr is ``lr * lr_1d_scale`` (default 1: the raw lr, as MLPerf; on a net
+without BatchNorm the raw peak lr blows up the biases, docs/large-batch.md). A group with
+``trust_ratio=False`` is plain momentum SGD with weight decay.
 
 LARC clipping (``clip=True``), as NVIDIA apex ``parallel/LARC.py`` (``clip=True``) and timm
 ``trust_clip``: ``lambda_eff = min(lambda / lr, 1)``, so the per-layer step size
@@ -117,22 +119,22 @@ class LARS(Optimizer):
     Defaults follow the MLPerf ResNet-50 reference: ``eta=0.001``, ``momentum=0.9``,
     ``eps=0.0`` (its ``lars_epsilon`` flag; safe because zero norms are guarded).
     Per-group options: lr, momentum, weight_decay, nesterov, eta, eps, clip, exclude_1d,
-    trust_ratio. State per parameter: ``momentum_buffer`` (zeros-initialised, so the first
+    trust_ratio, lr_1d_scale. State per parameter: ``momentum_buffer`` (zeros-initialised, so the first
     step equals torch SGD's ``clone(d)`` initialisation).
     """
 
     def __init__(self, params, lr: float, momentum: float = 0.9, weight_decay: float = 0.0,
                  nesterov: bool = False, eta: float = 0.001, eps: float = 0.0,
                  clip: bool = False, exclude_1d: bool = True, trust_ratio: bool = True,
-                 norms_fn: NormsFn | None = None, fused_update: bool | None = None):
-        if lr < 0 or momentum < 0 or weight_decay < 0 or eta <= 0 or eps < 0:
+                 lr_1d_scale: float = 1.0, norms_fn: NormsFn | None = None, fused_update: bool | None = None):
+        if lr < 0 or momentum < 0 or weight_decay < 0 or eta <= 0 or eps < 0 or lr_1d_scale < 0:
             raise ValueError(f"LARS: invalid hyper-parameter (lr={lr}, momentum={momentum}, "
-                             f"weight_decay={weight_decay}, eta={eta}, eps={eps})")
+                             f"weight_decay={weight_decay}, eta={eta}, eps={eps}, lr_1d_scale={lr_1d_scale})")
         if nesterov and momentum <= 0:
             raise ValueError("LARS: nesterov=True needs momentum > 0")
         defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
                         eta=eta, eps=eps, clip=clip, exclude_1d=exclude_1d,
-                        trust_ratio=trust_ratio)
+                        trust_ratio=trust_ratio, lr_1d_scale=lr_1d_scale)
         super().__init__(params, defaults)
         if norms_fn is None:
             norms_fn, self.norms_backend = resolve_norms_fn()
@@ -169,7 +171,7 @@ class LARS(Optimizer):
             if decay:
                 self._update(group, decay, lr, wd)
             if skip:
-                self._update(group, skip, lr, 0.0)
+                self._update(group, skip, lr * group.get("lr_1d_scale", 1.0), 0.0)
         return loss
 
     @staticmethod

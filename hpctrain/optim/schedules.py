@@ -123,6 +123,8 @@ def describe_lr(cfg_optim, global_batch: int) -> str:
     ``cfg_optim`` is the ``optim`` config section (``lr``, ``base_batch``, ``scale_lr``, ``name``);
     the number is the one :func:`spec_from_config` computes.
     """
+    if getattr(cfg_optim, "recipe_line", ""):          # optim.recipe = "auto", applied
+        return cfg_optim.recipe_line
     lr = getattr(cfg_optim, "lr", None)
     base_batch = getattr(cfg_optim, "base_batch", 256)
     scale = getattr(cfg_optim, "scale_lr", True)
@@ -170,8 +172,8 @@ def spec_from_config(*, lr: float | None, global_batch: int, steps_per_epoch: in
     ``warmup_epochs=None`` -> MLPerf table for LARS, 5 epochs (Goyal) for SGD.
     ``hold_epochs`` (hybrid only) defaults to ``warmup_epochs``: switch at 2x warm-up.
     """
-    if optimizer not in ("sgd", "lars"):
-        raise ValueError(f"optimizer {optimizer!r} not in ('sgd', 'lars')")
+    if optimizer not in ("sgd", "lars", "lamb"):
+        raise ValueError(f"optimizer {optimizer!r} not in ('sgd', 'lars', 'lamb')")
     if steps_per_epoch <= 0 or epochs <= 0 or global_batch <= 0:
         raise ValueError("steps_per_epoch, epochs and global_batch must be > 0")
     if lr is None and optimizer == "lars":

@@ -18,3 +18,22 @@ def test_study_smoke(tmp_path):
     assert rows[0]["test_accuracy"] > 0.8          # the small-batch baseline learns in 2 epochs
     assert (tmp_path / "study.png").stat().st_size > 10_000
     assert "(iv) LARS + warmup + poly" in r.stdout
+
+
+def test_held_out_smoke(tmp_path):
+    """study held-out on the generated tabular data: three variants, the recipe's start-up lines,
+    the table and held_out.json (mean and spread per variant)."""
+    import os
+    r = subprocess.run([sys.executable, "-m", "hpctrain", "study", "held-out", "--datasets", "tabular", "--seeds", "1",
+                        "--epochs", "6", "--batch", "256", "--factor", "4", "--cache-dir", str(tmp_path / "cache"),
+                        "--out", str(tmp_path / "out")], capture_output=True, text=True,
+                       env={**os.environ, **ENV}, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "recipe auto (lars, global batch 1024): BN-free model: MLPerf lr 10" in r.stdout
+    assert "recipe auto (lamb, global batch 1024): BN-free model: lr 0.05 x sqrt(1024/2048)" in r.stdout
+    doc = json.load(open(tmp_path / "out" / "held_out.json"))
+    assert [(s["name"], s["batch"]) for s in doc["summary"]] == [
+        ("small batch SGD", 256), ("LARS 4x recipe auto", 1024), ("LAMB 4x recipe auto", 1024)]
+    assert doc["summary"][0]["mean"] > 80           # the small-batch MLP learns the tabular data in 6 epochs
+    assert all(len(row["curve"]) == 6 for row in doc["rows"])
+    assert "tabular   LARS 4x recipe auto" in r.stdout

@@ -174,7 +174,9 @@ CHOICES = [("comm.strategy", "hpctrain.comm", "STRATEGIES"),
            ("sync.algorithm", "hpctrain.sync", "ALGORITHMS"),
            ("precision.compute", "hpctrain.trainer", "AUTOCAST_DTYPES"),
            ("optim.schedule", "hpctrain.optim.schedules", "KINDS"),
-           ("optim.warmup", "hpctrain.optim.schedules", "WARMUPS")]
+           ("optim.warmup", "hpctrain.optim.schedules", "WARMUPS"),
+           ("optim.name", "hpctrain.optim", "OPTIMIZERS"),
+           ("optim.recipe", "hpctrain.optim.recipe", "RECIPES")]
 
 
 @pytest.mark.parametrize("key,module,name", CHOICES)
@@ -237,6 +239,9 @@ def test_help_shows_ranges():
     (["--lr", "inf"], "hpctrain: error: config optim.lr: expected a finite float, got 'inf'"),
     (["--set", "precision.init_scale=1e30"],
      "hpctrain: error: config precision.init_scale: must be in [1, 16777216], got 1e+30"),
+    (["--set", "optim.recipe=magic"], "hpctrain: error: config optim.recipe: must be one of none | auto, got 'magic'"),
+    (["--set", "optim.lr_1d_scale=2"], "hpctrain: error: config optim.lr_1d_scale: must be in [0, 1], got 2.0"),
+    (["--optimizer", "adam"], "hpctrain: error: config optim.name: must be one of sgd | lars | lamb, got 'adam'"),
 ])
 def test_cli_numbers_one_line_status_2(tmp_path, args, line):
     r = run_cli(*args, "--run-dir", str(tmp_path / "run"))

@@ -218,3 +218,18 @@ def test_cpu_tensors_keep_the_foreach_path_by_default():
     opt = LARS([p], lr=0.1)
     assert not opt._use_kernel([p], [torch.ones(4, 3)])       # CPU tensors: never by default
     assert "torch._foreach" in opt.update_backend or "CUDA tensors" in opt.update_backend
+
+
+def test_lr_1d_scale_scales_only_the_excluded_parameters():
+    """lr_1d_scale = s: the 1-D parameter moves as momentum SGD at lr*s (numpy_lars with lr*s), the
+    others exactly as with s = 1."""
+    ws, steps = make_case()
+    hp = dict(lr=0.7, m=0.9, wd=5e-4, eta=0.02, eps=1e-9)
+    got, _ = run_torch(lambda ps: LARS(ps, lr=hp["lr"], momentum=hp["m"], weight_decay=hp["wd"],
+                                       eta=hp["eta"], eps=hp["eps"], lr_1d_scale=0.1), ws, steps)
+    want = numpy_lars(ws, steps, **hp)
+    want_1d = numpy_lars(ws, steps, **{**hp, "lr": hp["lr"] * 0.1})
+    for g, w in zip(got[:-1], want[:-1]):
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got[-1], want_1d[-1], rtol=1e-12, atol=1e-12)
+    assert not np.allclose(got[-1], want[-1])

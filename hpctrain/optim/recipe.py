@@ -1,0 +1,101 @@
+"""``optim.recipe = "auto"``: peak lr, eta, warm-up and schedule from the global batch, the
+optimiser and whether the model normalises its activations (docs/large-batch.md has the table).
+
+Why the model matters: LARS and LAMB scale each layer's step to its weight norm, and with
+BatchNorm (or Layer/Group/Instance norm) the loss does not change when a layer's weights are
+scaled, so the growth of weight norms that such relative steps cause is harmless. Without
+normalisation the logits scale with the product of the layer norms; a relative step large
+enough to train in few large-batch steps then makes them grow until the loss spikes, and the
+1-D parameters excluded from the trust ratio (biases) take the raw peak lr (10 in the MLPerf
+table) and blow up. The BN-free rows therefore use a moderate LARS eta and give the 1-D
+parameters ``lr * lr_1d_scale``. The normalised rows are MLPerf's ResNet-50 table unchanged.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from torch import nn
+
+from .schedules import linear_scaled_lr, mlperf_lars_base_lr, mlperf_lars_warmup_epochs
+
+__all__ = ["RECIPES", "Recipe", "recipe_for", "normalises", "apply_recipe"]
+
+RECIPES = ("none", "auto")
+NORM_LAYERS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, nn.LocalResponseNorm)
+
+# BN-free LARS: eta such that the peak relative step lr*eta is 0.05 at the MLPerf lr (10 below 16K)
+BN_FREE_LARS_ETA = 0.005
+BN_FREE_LR_1D_SCALE = 0.01          # biases step at lr/100 (0.1 at the peak lr 10)
+LAMB_BASE_LR, LAMB_BASE_BATCH = 0.05, 2048        # square-root scaling from here (You et al. 2019)
+LAMB_MAX_LR = 0.1
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What ``auto`` sets on the ``[optim]`` section, and the one-line reason."""
+    lr: float                       # the peak itself (optim.scale_lr is set false)
+    warmup_epochs: float
+    schedule: str
+    eta: float | None = None        # LARS only
+    lr_1d_scale: float = 1.0
+    base_batch: int | None = None   # SGD only: lr is given at this batch and scaled linearly
+    why: str = ""
+
+
+def normalises(model: nn.Module) -> bool:
+    """Does the model contain a BatchNorm, GroupNorm, LayerNorm, InstanceNorm or LRN layer?"""
+    return any(isinstance(m, NORM_LAYERS) for m in model.modules())
+
+
+def recipe_for(optimizer: str, global_batch: int, normalised: bool) -> Recipe:
+    """The table row for ``optimizer`` at ``global_batch`` (docs/large-batch.md)."""
+    if global_batch <= 0:
+        raise ValueError(f"global batch must be > 0, got {global_batch}")
+    kind = "normalised" if normalised else "BN-free"
+    if optimizer == "sgd":
+        return Recipe(lr=0.1, base_batch=256, warmup_epochs=5.0, schedule="cosine",
+                      why=f"Goyal et al.: lr 0.1 x {global_batch}/256 = {linear_scaled_lr(0.1, global_batch):g}, "
+                          f"5 warm-up epochs, cosine" + ("; above 8K use lars or lamb" if global_batch > 8192 else ""))
+    if optimizer == "lars":
+        lr, warmup = mlperf_lars_base_lr(global_batch), mlperf_lars_warmup_epochs(global_batch)
+        if normalised:
+            return Recipe(lr=lr, warmup_epochs=warmup, schedule="poly", eta=0.001,
+                          why=f"MLPerf ResNet-50 table, {kind} model: lr {lr:g}, eta 0.001, {warmup:g} warm-up "
+                              f"epochs, poly")
+        eta = BN_FREE_LARS_ETA * 10.0 / lr          # the same peak relative step lr*eta at every row
+        return Recipe(lr=lr, warmup_epochs=warmup, schedule="poly", eta=eta, lr_1d_scale=BN_FREE_LR_1D_SCALE,
+                      why=f"{kind} model: MLPerf lr {lr:g} and {warmup:g} warm-up epochs, eta {eta:g} "
+                          f"(peak relative step {lr * eta:g}), 1-D params at lr x {BN_FREE_LR_1D_SCALE:g}, poly")
+    if optimizer == "lamb":
+        lr = min(LAMB_BASE_LR * math.sqrt(global_batch / LAMB_BASE_BATCH), LAMB_MAX_LR)
+        warmup = mlperf_lars_warmup_epochs(global_batch)
+        return Recipe(lr=lr, warmup_epochs=warmup, schedule="poly",
+                      why=f"{kind} model: lr {LAMB_BASE_LR:g} x sqrt({global_batch}/{LAMB_BASE_BATCH}) = {lr:.4g}"
+                          f"{' (capped)' if lr == LAMB_MAX_LR else ''} (square-root scaling), {warmup:g} "
+                          f"warm-up epochs, poly")
+    raise ValueError(f"optim.recipe auto: no recipe for optimizer {optimizer!r}")
+
+
+def apply_recipe(o, global_batch: int, model: nn.Module, epochs: float | None = None) -> str:
+    """With ``o.recipe == "auto"``, overwrite the ``[optim]`` fields the recipe decides (lr,
+    scale_lr, base_batch, lars_eta, lr_1d_scale, warmup, warmup_epochs, schedule) and return the
+    start-up line saying what was chosen and why (also kept as ``o.recipe_line`` for
+    :func:`~hpctrain.optim.schedules.describe_lr`); ``""`` and nothing changed otherwise.
+    ``epochs`` given: the warm-up is capped at half the run (a short test run still starts)."""
+    if getattr(o, "recipe", "none") != "auto":
+        return ""
+    r = recipe_for(o.name, global_batch, normalises(model))
+    warmup, why = r.warmup_epochs, r.why
+    if epochs is not None and warmup > epochs / 2:
+        warmup = epochs / 2
+        why += f" (warm-up capped at half the {epochs:g}-epoch run: {warmup:g})"
+    o.lr, o.warmup, o.warmup_epochs, o.schedule = r.lr, "linear", warmup, r.schedule
+    o.scale_lr = r.base_batch is not None
+    if r.base_batch is not None:
+        o.base_batch = r.base_batch
+    if r.eta is not None:
+        o.lars_eta = r.eta
+    o.lr_1d_scale = r.lr_1d_scale
+    o.recipe_line = f"recipe auto ({o.name}, global batch {global_batch}): {why}"
+    return o.recipe_line

@@ -1,0 +1,96 @@
+"""optim.recipe = "auto": the documented table, the model check, what it sets and the start-up line."""
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from hpctrain.config import OptimConfig
+from hpctrain.models.resnet import resnet20
+from hpctrain.models.small import MLP, SignalCNN, SmallCNN
+from hpctrain.optim.recipe import apply_recipe, normalises, recipe_for
+from hpctrain.optim.schedules import describe_lr
+
+
+@pytest.mark.parametrize("batch,lr,warmup", [(512, 10.0, 5.0), (16383, 10.0, 5.0), (16384, 25.0, 5.0),
+                                             (32767, 25.0, 5.0), (32768, 31.2, 25.0)])
+def test_lars_normalised_rows_are_the_mlperf_table(batch, lr, warmup):
+    r = recipe_for("lars", batch, normalised=True)
+    assert (r.lr, r.eta, r.warmup_epochs, r.schedule, r.lr_1d_scale) == (lr, 0.001, warmup, "poly", 1.0)
+
+
+@pytest.mark.parametrize("batch", [2048, 16384, 65536])
+def test_lars_bn_free_rows_keep_the_peak_relative_step_and_scale_the_1d_lr(batch):
+    r = recipe_for("lars", batch, normalised=False)
+    assert r.lr == recipe_for("lars", batch, normalised=True).lr          # MLPerf's lr and warm-up
+    assert r.lr * r.eta == pytest.approx(0.05)                            # 10 x 0.005 at every row
+    assert r.lr_1d_scale == 0.01
+    assert "BN-free" in r.why and f"eta {r.eta:g}" in r.why
+
+
+@pytest.mark.parametrize("batch,lr", [(512, 0.025), (2048, 0.05), (4096, 0.05 * math.sqrt(2)), (8192, 0.1),
+                                      (65536, 0.1)])
+def test_lamb_square_root_scaling_capped(batch, lr):
+    for normalised in (True, False):
+        r = recipe_for("lamb", batch, normalised)
+        assert r.lr == pytest.approx(lr) and r.eta is None and r.lr_1d_scale == 1.0
+        assert r.warmup_epochs == (25.0 if batch >= 32768 else 5.0)
+
+
+def test_sgd_row_is_goyal_and_unknown_optimiser_refused():
+    r = recipe_for("sgd", 8192, normalised=True)
+    assert (r.lr, r.base_batch, r.warmup_epochs) == (0.1, 256, 5.0)
+    assert "lr 0.1 x 8192/256 = 3.2" in r.why
+    assert "use lars or lamb" in recipe_for("sgd", 16384, True).why
+    with pytest.raises(ValueError, match="'adam'"):
+        recipe_for("adam", 1024, True)
+
+
+def test_normalises_finds_any_norm_layer():
+    assert normalises(SmallCNN()) and normalises(resnet20())
+    assert normalises(nn.Sequential(nn.Linear(3, 3), nn.LayerNorm(3)))
+    assert normalises(nn.Sequential(nn.Conv1d(1, 4, 3), nn.GroupNorm(2, 4)))
+    assert not normalises(SmallCNN(batchnorm=False))
+    assert not normalises(SignalCNN()) and not normalises(MLP(num_classes=8, in_channels=32))
+
+
+def test_apply_recipe_sets_the_section_and_the_startup_line():
+    o = OptimConfig(name="lars", lr=0.3, scale_lr=True, warmup="none", schedule="cosine", recipe="auto")
+    line = apply_recipe(o, 4096, SignalCNN())
+    assert (o.lr, o.scale_lr, o.warmup, o.warmup_epochs, o.schedule) == (10.0, False, "linear", 5.0, "poly")
+    assert (o.lars_eta, o.lr_1d_scale) == (0.005, 0.01)
+    assert line.startswith("recipe auto (lars, global batch 4096): BN-free model: MLPerf lr 10")
+    assert describe_lr(o, 4096) == line
+    o = OptimConfig(name="lars", recipe="auto")
+    apply_recipe(o, 4096, SmallCNN())
+    assert (o.lars_eta, o.lr_1d_scale) == (0.001, 1.0) and "MLPerf ResNet-50 table" in describe_lr(o, 4096)
+
+
+def test_recipe_none_changes_nothing():
+    o = OptimConfig(name="lars", lr=4.0, lars_eta=0.002)
+    before = dict(vars(o))
+    assert apply_recipe(o, 4096, SignalCNN()) == ""
+    assert vars(o) == before
+    assert describe_lr(o, 4096).startswith("lr 64 = 4 x 4096/256")
+
+
+def test_recipe_then_optimiser_and_schedule_from_config():
+    """What the job builds after apply_recipe: LARS with the recipe's eta and 1-D scale, a poly
+    schedule peaking at the recipe's lr after its warm-up."""
+    from hpctrain.optim import LARS, lr_at, optimizer_from_config, schedule_from_config
+    model = SignalCNN()
+    o = OptimConfig(name="lars", recipe="auto")
+    apply_recipe(o, 2048, model)
+    opt = optimizer_from_config(model, o)
+    assert isinstance(opt, LARS) and opt.param_groups[0]["eta"] == 0.005 and opt.param_groups[0]["lr_1d_scale"] == 0.01
+    spec = schedule_from_config(o, global_batch=2048, steps_per_epoch=8, epochs=30)
+    assert (spec.peak_lr, spec.warmup_steps, spec.kind) == (10.0, 40, "poly")
+    assert lr_at(40, spec) == pytest.approx(10.0) and lr_at(20, spec) == pytest.approx(5.0)
+
+
+def test_recipe_warmup_is_capped_at_half_a_short_run():
+    o = OptimConfig(name="lamb", recipe="auto")
+    line = apply_recipe(o, 2048, MLP(num_classes=8, in_channels=32), epochs=6)
+    assert o.warmup_epochs == 3.0 and line.endswith("(warm-up capped at half the 6-epoch run: 3)")
+    o = OptimConfig(name="lamb", recipe="auto")
+    assert not apply_recipe(o, 2048, MLP(), epochs=60).endswith(")") and o.warmup_epochs == 5.0
