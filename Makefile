@@ -49,7 +49,7 @@ MPICH_JOB_SKIP := not test_training_fault_mid_run_names_rank \
 	and not test_default_job_reaches_target[1] and not test_default_job_reaches_target[4]
 LIBVERSION = -c 'from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0].strip())'
 
-.PHONY: setup setup-mpich demo test test-serial test-mpi test-slurm test-mpich test-gpu docs bench clean
+.PHONY: setup setup-mpich demo test lint test-serial test-mpi test-slurm test-mpich test-gpu docs bench clean
 # GPU=auto|1|0 (CUDA=12|13): torch's CUDA build and CuPy on GPU nodes (scripts/gpu_choice.py);
 # DRY_RUN=1 says what would be installed.
 GPU      ?= auto
@@ -63,12 +63,17 @@ demo: setup
 	$(MPIEXEC) -n $(NP) $(PY) -m hpctrain --run-dir runs/demo
 
 test: setup
-	@echo "== [test] serial tests, then the MPI tests under $$($(PY) $(LIBVERSION))"
+	@echo "== [test] lint, serial tests, then the MPI tests under $$($(PY) $(LIBVERSION))"
+	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory test-serial
 	$(MAKE) --no-print-directory docs
 	$(MAKE) --no-print-directory test-mpi
 	$(MAKE) --no-print-directory test-slurm
 	$(MAKE) --no-print-directory test-mpich
+
+# ruff (rules in pyproject.toml) on the package code: a second, fast.
+lint: setup
+	$(PY) -m ruff check hpctrain data_tools kernels && echo "== [lint] ruff: clean"
 
 # The documentation site (mkdocs.yml, docs/, API pages from the docstrings by static analysis:
 # no MPI or torch import) into site/; --strict: a warning (broken link, bad docstring) fails.

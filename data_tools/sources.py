@@ -19,7 +19,7 @@ import os
 import zipfile
 import zlib
 from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -284,7 +284,7 @@ def load_npz(src: str | None, *, test_fraction: float = 0.2, seed: int = 0, size
     if ("x_test" in arrays) != ("y_test" in arrays):
         raise SourceError(f"{src}: 'x_test' and 'y_test' must come together")
     pairs = [("x", "y"), ("x_test", "y_test")] if "x_test" in arrays else [("x", "y")]
-    for xk, yk in pairs:                     # as stored, so a sample index is the file's, not the shuffled split's
+    for xk, _yk in pairs:                    # as stored, so a sample index is the file's, not the shuffled split's
         check_samples(arrays[xk], f"{src}: array {xk!r}", allow_nonfinite)
     n_classes = count_classes({f"array {yk!r}": arrays[yk] for _, yk in pairs}, src)
     for xk, yk in pairs:
@@ -299,7 +299,7 @@ def load_npz(src: str | None, *, test_fraction: float = 0.2, seed: int = 0, size
         note = (f"{src} has no test split (x_test/y_test): {n_test} of its {n} samples "
                 f"({test_fraction:.0%}, --test-fraction, seed {seed}) were held out as the test split; "
                 f"give a test file (--test-file TEST.npz) to use your own")
-    for name, (x, y) in splits.items():
+    for name, (x, _y) in splits.items():
         if x.shape[1:] != splits["train"][0].shape[1:] or x.dtype != splits["train"][0].dtype:
             raise SourceError(f"{src}: split {name} has {x.dtype} {x.shape[1:]}, train has "
                               f"{splits['train'][0].dtype} {splits['train'][0].shape[1:]}")

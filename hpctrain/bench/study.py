@@ -64,7 +64,8 @@ def plot(rows: list[dict], path: str) -> None:
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for r in rows:
-        ax.plot(range(1, len(r["curve"]) + 1), [100 * a for a in r["curve"]], label=f"{r['name']} (B={r['global_batch']})")
+        ax.plot(range(1, len(r["curve"]) + 1), [100 * a for a in r["curve"]],
+                label=f"{r['name']} (B={r['global_batch']})")
     ax.set_xlabel("epoch")
     ax.set_ylabel("test accuracy (%)")
     ax.set_title("large-batch study")

@@ -17,7 +17,7 @@ optimiser and whether the model normalises.
 """
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 

@@ -35,7 +35,7 @@ onto its CPU reference in tests, ``False`` never uses it).
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch.optim import Optimizer

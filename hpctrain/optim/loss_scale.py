@@ -20,7 +20,7 @@ while 1e30 would turn an ordinary gradient of 1e9 into inf on every step.
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Sequence
 
 __all__ = ["ScheduleSpec", "lr_at", "linear_scaled_lr", "describe_lr", "mlperf_lars_base_lr",
            "mlperf_lars_warmup_epochs", "spec_from_config", "KINDS", "WARMUPS"]
