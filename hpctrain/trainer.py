@@ -22,7 +22,7 @@ from torch import nn
 
 from hpctrain import comm as comm_lib
 from hpctrain import sync as sync_lib
-from hpctrain.ops.metrics import NULL_TIMER, StepTimer
+from hpctrain.ops.metrics import NULL_TIMER, StepTimer, Timer
 from hpctrain.optim import make_criterion, set_lr
 from hpctrain.optim.loss_scale import LossScaler
 from hpctrain.optim.schedules import ScheduleSpec, lr_at
@@ -70,9 +70,9 @@ class DistributedTrainer:
         if broadcast_buffers not in BROADCAST_BUFFERS:
             raise ValueError(f"broadcast_buffers: unknown {broadcast_buffers!r} "
                              f"(choose from {', '.join(BROADCAST_BUFFERS)})")
-        timer = NULL_TIMER if timer is None else timer      # records nothing
         self.model, self.optimizer, self.topo = model, optimizer, topology
-        self.schedule, self.timer = schedule, timer
+        self.timer: Timer = NULL_TIMER if timer is None else timer      # NULL_TIMER records nothing
+        self.schedule = schedule
         self.broadcast_buffers = broadcast_buffers
         self._buffers = [b for b in model.buffers() if b.numel()]
         self.loss_fn = loss_fn or nn.CrossEntropyLoss()
@@ -84,7 +84,7 @@ class DistributedTrainer:
         self.sync = comm_lib.create(strategy, model.parameters(), topology, bucket_bytes=int(bucket_mb * 2**20),
                                     compression=compression, overlap=overlap, tune=tune)
         self.sync = comm_lib.with_comm_delay(self.sync, comm_delay_ms)   # emulated slow link (0: none)
-        self.algo = sync_lib.create(algorithm, model, optimizer, self.sync, scaler=scaler, timer=timer,
+        self.algo = sync_lib.create(algorithm, model, optimizer, self.sync, scaler=scaler, timer=self.timer,
                                     **(algorithm_options or {}))
         self.step_count = 0
 

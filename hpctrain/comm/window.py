@@ -39,12 +39,12 @@ class SharedWindow:
     def __init__(self, intra: MPI.Comm, seg_bytes: int, root_bytes: int = 0):
         self.intra = intra
         mine = seg_bytes + (root_bytes if intra.Get_rank() == 0 else 0)
-        self.win = MPI.Win.Allocate_shared(mine, 1, comm=intra)
+        self.win = MPI.Win.Allocate_shared(mine, 1, comm=intra)  # type: ignore[arg-type]  # an Intracomm (stub: Split returns Comm)
         self.seg_bytes = seg_bytes
         self.mem = []
         for r in range(intra.Get_size()):
             buf, _ = self.win.Shared_query(r)
-            self.mem.append(np.frombuffer(buf, dtype=np.uint8) if len(buf) else np.empty(0, np.uint8))
+            self.mem.append(np.frombuffer(buf, dtype=np.uint8) if len(buf) else np.empty(0, np.uint8))  # type: ignore[call-overload]  # numpy's stub omits the buffer protocol
         self.win.Lock_all(MPI.MODE_NOCHECK)
 
     def view(self, rank: int, byte_offset: int, n_elems: int, dtype) -> torch.Tensor:

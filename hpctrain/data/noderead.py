@@ -58,9 +58,9 @@ class NodeReader:
         self.x_bytes, self.y_bytes = _round_up(x_bytes), _round_up(8 * b)
         slot_bytes = self.local_size * (self.x_bytes + self.y_bytes)
         total = ctrl_bytes + self.slots * slot_bytes
-        self.win = MPI.Win.Allocate_shared(total if self.local_rank == 0 else 0, 1, comm=node_comm)
+        self.win = MPI.Win.Allocate_shared(total if self.local_rank == 0 else 0, 1, comm=node_comm)  # type: ignore[arg-type]  # an Intracomm (stub: Split returns Comm)
         buf, _ = self.win.Shared_query(0)
-        mem = np.frombuffer(buf, np.uint8, count=total)
+        mem = np.frombuffer(buf, np.uint8, count=total)  # type: ignore[call-overload]  # numpy's stub omits the buffer protocol
         ctrl = mem[:8 * n_ctrl].view(np.int64)
         self.error = ctrl[0:1]
         self.ready = ctrl[1:1 + self.slots]

@@ -34,7 +34,7 @@ from hpctrain.errors import UserError
 from hpctrain.fileio import atomic_open
 from hpctrain.ops.agree import first_difference, model_signature
 from hpctrain.testhooks import maybe_kill
-from hpctrain.ops.metrics import NULL_TIMER, StepTimer
+from hpctrain.ops.metrics import NULL_TIMER, Timer
 
 FORMAT_VERSION = 1
 MAGIC = b"HPCTRAIN-CHECKPOINT\n"
@@ -155,7 +155,8 @@ def newest_valid(directory: str, warn=None, run_id: str | None = None) -> tuple[
             if warn:
                 warn(f"{exc}; falling back to the previous checkpoint")
     if foreign:
-        raise CheckpointError(f"checkpoint {foreign} belongs to run {read_header(foreign).get('run_id')}, not to "
+        other = (read_header(foreign) or {}).get("run_id")    # {}: unreadable since of_run read it
+        raise CheckpointError(f"checkpoint {foreign} belongs to run {other}, not to "
                               f"this run ({run_id}) and this run has none: resume it by path "
                               f"(--resume {foreign}) or start afresh (--resume none)")
     return None
@@ -178,7 +179,9 @@ def prune(directory: str, keep: int, run_id: str | None = None) -> list[str]:
 
 def rng_state() -> dict:
     """This process's generators in a ``weights_only``-loadable form."""
-    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    legacy = np.random.get_state(legacy=True)
+    assert isinstance(legacy, tuple)        # legacy=True: a tuple (its stub also allows the dict form)
+    name, keys, pos, has_gauss, gauss = legacy
     return {"torch": torch.get_rng_state(), "numpy": [name, keys.tolist(), pos, has_gauss, gauss],
             "python": random.getstate()}
 
@@ -224,17 +227,17 @@ class Checkpointer:
     """
 
     def __init__(self, comm: MPI.Comm, directory: str, *, steps_per_epoch: int, global_batch: int,
-                 config: dict, every_steps: int = 0, keep: int = 3, timer: StepTimer = NULL_TIMER,
+                 config: dict, every_steps: int = 0, keep: int = 3, timer: Timer = NULL_TIMER,
                  run_id: str | None = None):
         self.comm, self.directory, self.run_id = comm, directory, run_id
         self.steps_per_epoch, self.global_batch = steps_per_epoch, global_batch
         self.config, self.every_steps, self.keep, self.timer = config, every_steps, keep, timer
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
-        self.last_step = None            # step of the last checkpoint written or loaded
-        self.last_path = None
+        self.last_step: int | None = None            # step of the last checkpoint written or loaded
+        self.last_path: str | None = None
 
     @classmethod
-    def from_config(cls, cfg, comm: MPI.Comm, loader, timer: StepTimer = NULL_TIMER,
+    def from_config(cls, cfg, comm: MPI.Comm, loader, timer: Timer = NULL_TIMER,
                     run_id: str | None = None) -> Checkpointer:
         directory = cfg.ckpt.dir or os.path.join(cfg.run.run_dir, "checkpoints")
         return cls(comm, directory, steps_per_epoch=loader.steps, global_batch=loader.global_batch,
@@ -256,6 +259,7 @@ class Checkpointer:
         """
         step = trainer.step_count
         if step == self.last_step:
+            assert self.last_path is not None       # set together with last_step
             return self.last_path
         with self.timer.span("checkpoint"):
             trainer.finish()
@@ -283,7 +287,9 @@ class Checkpointer:
 
     def _fetch(self, spec: str) -> tuple[str | None, bytes | None]:
         """Rank 0 finds and verifies; everyone gets (path, payload) or (None, None)."""
-        path, payload, error = None, None, None
+        path: str | None = None
+        payload: bytes | None = None
+        error: str | None = None
         if self.rank == 0:
             try:
                 if spec == "auto":
@@ -303,7 +309,11 @@ class Checkpointer:
             raise CheckpointError(error)
         if n is None:
             return None, None
-        buf = np.frombuffer(payload, np.uint8).copy() if self.rank == 0 else np.empty(n, np.uint8)
+        if self.rank == 0:
+            assert payload is not None      # n is its length
+            buf = np.frombuffer(payload, np.uint8).copy()
+        else:
+            buf = np.empty(n, np.uint8)
         for lo in range(0, n, BCAST_CHUNK_BYTES):
             self.comm.Bcast(buf[lo:lo + BCAST_CHUNK_BYTES], root=0)
         return path, buf.tobytes()

@@ -107,7 +107,7 @@ class StepTimer:
         self.totals: dict[str, float] = {}
         self.sinks = list(sinks)
         self.clock = clock or HostClock()
-        self._pending = []          # (name, start mark, end mark) not resolved yet (device)
+        self._pending: list[tuple] = []     # (name, start mark, end mark) not resolved yet (device)
 
     def span(self, name: str):
         return _Span(self, name)
@@ -156,7 +156,7 @@ class NullTimer:
     no state (no totals, no sinks, no attributes can be set), so one instance is shared safely."""
     __slots__ = ()
     sinks = ()
-    totals = MappingProxyType({})
+    totals: MappingProxyType[str, float] = MappingProxyType({})
     _NO_SPAN = contextlib.nullcontext()
 
     def span(self, name: str):
@@ -170,3 +170,6 @@ class NullTimer:
 
 
 NULL_TIMER = NullTimer()
+
+#: what a class given a ``timer`` accepts: a real one, or the shared no-op default
+Timer = StepTimer | NullTimer

@@ -116,23 +116,25 @@ class Watchdog:
         self.timeout_s, self.abort_s = timeout_s, abort_s
         self.report = report or (lambda text: print(f"hpctrain: watchdog: {text}", file=sys.stderr, flush=True))
         self.on_abort = on_abort
-        self.win = MPI.Win.Allocate(8 * self.size if self.rank == 0 else 0, disp_unit=8, comm=self.comm)
+        self.win = MPI.Win.Allocate(8 * self.size if self.rank == 0 else 0, disp_unit=8, comm=self.comm)  # type: ignore[arg-type]  # an Intracomm (stub: Split returns Comm)
         # heartbeats: a window of their own (the main thread's lock epochs on self.win are its own)
         self.beats = threads_may_call_mpi()
-        self.beat_win = (MPI.Win.Allocate(8 * self.size if self.rank == 0 else 0, disp_unit=8, comm=self.comm)
+        self.beat_win = (MPI.Win.Allocate(8 * self.size if self.rank == 0 else 0, disp_unit=8,
+                                          comm=self.comm)  # type: ignore[arg-type]  # an Intracomm (stub: Split returns Comm)
                          if self.beats else MPI.WIN_NULL)
         self._val = np.zeros(1, np.int64)
         self._step, self._k, self._steps_started = 0, 0, 0
-        self._busy = None                     # name of the slow phase this rank is in (see busy())
+        self._busy: str | None = None         # name of the slow phase this rank is in (see busy())
         self.phase_names: list[str] = []      # this rank's span names within a step, in order
         self._names_now: list[str] = []
         self._stop = threading.Event()
-        self._thread = self._beat_thread = None
+        self._thread: threading.Thread | None = None
+        self._beat_thread: threading.Thread | None = None
         if self.rank == 0:
-            self.progress = np.frombuffer(self.win.tomemory(), dtype=np.int64)
+            self.progress = np.frombuffer(self.win.tomemory(), dtype=np.int64)  # type: ignore[call-overload]  # numpy's stub omits the buffer protocol
             self.progress[:] = 0
             if self.beats:
-                self.heartbeats = np.frombuffer(self.beat_win.tomemory(), dtype=np.int64)
+                self.heartbeats = np.frombuffer(self.beat_win.tomemory(), dtype=np.int64)  # type: ignore[call-overload]  # numpy's stub omits the buffer protocol
                 self.heartbeats[:] = 0
         self.comm.Barrier()                  # every slot is zero before anyone posts
         bounds = [b for b in (timeout_s, abort_s) if b > 0]
@@ -289,7 +291,8 @@ class Watchdog:
         self.comm.Free()
 
 
-def start_watchdog(comm: MPI.Comm, timeout_s: float, abort_s: float, stack: contextlib.ExitStack, close_on):
+def start_watchdog(comm: MPI.Comm, timeout_s: float, abort_s: float, stack: contextlib.ExitStack,
+                   close_on) -> Watchdog | None:
     """Collective: a :class:`Watchdog` with these bounds (``run.watchdog_s``, ``run.watchdog_abort_s``),
     its ``close`` pushed on ``stack`` through ``close_on`` (the job's exit rule), or None where
     both bounds are 0."""

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from hpctrain.ops.metrics import NULL_TIMER, StepTimer
+from hpctrain.ops.metrics import NULL_TIMER, Timer
 from hpctrain.sync.guard import NonFiniteGuard, sync_comm
 
 
@@ -59,7 +59,7 @@ class UpdateAlgorithm(abc.ABC):
     name = "base"
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_sync, *,
-                 scaler=None, timer: StepTimer = NULL_TIMER):
+                 scaler=None, timer: Timer = NULL_TIMER):
         self.model, self.optimizer, self.sync = model, optimizer, grad_sync
         self.scaler, self.timer = scaler, timer
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -87,12 +87,14 @@ class UpdateAlgorithm(abc.ABC):
             self.scaler.update(overflow)
         if overflow:
             if not self.scaler:     # raises, or a finite-gradient wire overflow: skipped
+                assert self.guard is not None       # apply_mean follows a grad_sync's mean
                 self.guard.overflow(step, loss, own_grads_finite())
             return True
         if self.scaler:
             unscale_grads_(self.params, 1.0 / scale)
         with self.timer.span("optimizer"), group_lrs(self.optimizer, lrs):
             self.optimizer.step()
+            assert self.guard is not None
             self.guard.applied(step, self.params)
         return False
 

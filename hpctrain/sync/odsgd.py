@@ -60,7 +60,7 @@ from collections.abc import Callable
 import torch
 
 from hpctrain.errors import ConfigError
-from hpctrain.ops.metrics import NULL_TIMER, StepTimer
+from hpctrain.ops.metrics import NULL_TIMER, Timer
 from hpctrain.optim.loss_scale import all_finite
 from hpctrain.sync.base import StepResult, UpdateAlgorithm, group_lrs
 from hpctrain.sync.guard import agreed_overflow
@@ -105,7 +105,7 @@ class ODSGD(UpdateAlgorithm):
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_sync, *,
                  warmup_steps: int = 200, local_lr: float = 0.0, local_momentum: float = 0.0,
-                 dc_lambda: float = 0.0, scaler=None, timer: StepTimer = NULL_TIMER):
+                 dc_lambda: float = 0.0, scaler=None, timer: Timer = NULL_TIMER):
         checks = [(warmup_steps >= 0, "odsgd_warmup_steps", "must be >= 0"),
                   (local_lr >= 0, "odsgd_local_lr", "must be >= 0"),
                   (0 <= local_momentum < 1, "odsgd_local_momentum", "must be in [0, 1)"),
@@ -125,7 +125,10 @@ class ODSGD(UpdateAlgorithm):
         group_of = {id(p): i for i, g in enumerate(optimizer.param_groups) for p in g["params"]}
         self._group_index = [group_of.get(id(p)) for p in self.params]   # None: not optimised
         self._round: Round | None = None
-        self._store = self._grads = self._local_buf = None   # allocated at the first OD-SGD step
+        # allocated at the first OD-SGD step
+        self._store: list[torch.Tensor] = []
+        self._grads: list[torch.Tensor] = []
+        self._local_buf: list[torch.Tensor] | None = None
         # removed by close() (DistributedTrainer.close)
         self._hooks = [m.register_forward_pre_hook(self._poll_hook) for m in model.modules()]
         self._hooks += [p.register_post_accumulate_grad_hook(self._poll_hook) for p in self.params]
@@ -177,7 +180,7 @@ class ODSGD(UpdateAlgorithm):
         return StepResult(loss.detach(), skipped=skipped)
 
     def _allocate(self) -> None:
-        if self._store is None:
+        if not self._store:
             self._store = [torch.empty_like(p) for p in self.params]
             self._grads = [torch.zeros_like(p) for p in self.params]
             if self.local_momentum:
@@ -189,6 +192,7 @@ class ODSGD(UpdateAlgorithm):
         Before: parameters hold ŵ, ``_store`` holds W_prev, ``p.grad`` this step's gradient.
         After: parameters hold W, ``_store`` holds ŵ, ``p.grad`` unchanged.
         """
+        assert self._round is not None and self.guard is not None   # a round in flight, so a sync
         with self.timer.span("allreduce"):
             while not self.sync.poll_reduction():   # a polite wait: on a shared core the ranks
                 os.sched_yield()                   # the ring waits for get to run (MPI would spin)
@@ -234,6 +238,7 @@ class ODSGD(UpdateAlgorithm):
         """Complete the update in flight and set ŵ := W, u := 0 (collective)."""
         if self._round is not None:
             self._complete_round()
+        assert self.guard is not None       # OD-SGD always has a grad_sync, so a guard
         self.guard.settle()
         if self._local_buf is not None:
             for b in self._local_buf:
