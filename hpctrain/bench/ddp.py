@@ -54,8 +54,8 @@ def build(name: str, base: nn.Module, topo: Topology) -> Contender:
                          describe=lambda: "no gradient sync")
     if name == "trainer":       # the same model on DistributedTrainer's defaults (bench step's)
         c = bench_step.build("default", base, topo, None)
-        c.name, describe = name, c.describe
-        c.describe = lambda: describe
+        assert c is not None            # "default" is always available
+        c.name = name
         return c
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     options = parse_config(name)
@@ -82,7 +82,7 @@ def measure_model(args, comm, topo, model_name: str) -> list[dict]:
             contenders.append(c)
         for c in contenders:            # warm-up: DDP's bucket rebuild, the hook's syncs, caches
             time_steps(comm, c, data, args.warmup)
-        times = {c.name: [] for c in contenders}
+        times: dict[str, list[float]] = {c.name: [] for c in contenders}
         for r in range(args.rounds):
             for k in range(len(contenders)):
                 c = contenders[(k + r) % len(contenders)]

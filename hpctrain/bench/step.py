@@ -28,6 +28,7 @@ import contextlib
 import copy
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 from mpi4py import MPI
@@ -50,7 +51,8 @@ INPUTS = {"digits_cnn": (1, 8, 8), "resnet20": (3, 32, 32), "mlp": (1, 8, 8)}
 def mlp(num_classes: int = 10, in_features: int = 64, width: int = 2048, depth: int = 4) -> nn.Module:
     """The communication-heavy model: ``depth`` hidden layers of ``width`` (4x2048 on 8x8 inputs:
     12.7 M parameters, 49 MiB of fp32 gradients for ~70 ms of compute per 32 samples here)."""
-    layers, n_in = [nn.Flatten()], in_features
+    layers: list[nn.Module] = [nn.Flatten()]
+    n_in = in_features
     for _ in range(depth):
         layers += [nn.Linear(n_in, width), nn.ReLU()]
         n_in = width
@@ -86,11 +88,13 @@ def horovod_available() -> bool:
 
 
 class Contender:
-    """One configuration: ``step(x, y)`` runs a whole training step; ``close()`` releases it."""
+    """One configuration: ``step(x, y)`` runs a whole training step; ``close()`` releases it;
+    ``describe()`` says what it is (default: its name)."""
 
-    def __init__(self, name: str, model: nn.Module, step, close=lambda: None, describe: str = ""):
+    def __init__(self, name: str, model: nn.Module, step, close=lambda: None,
+                 describe: Callable[[], str] | None = None):
         self.name, self.model, self.step, self.close = name, model, step, close
-        self.describe = describe or name
+        self.describe: Callable[[], str] = describe or (lambda: name)
 
 
 def sgd(model: nn.Module) -> torch.optim.Optimizer:
@@ -125,8 +129,8 @@ def build(name: str, base: nn.Module, topo: Topology, dist) -> Contender | None:
         return Contender(name, model, plain_step(model, opt, loss_fn))
     options = parse_config(name)
     trainer = DistributedTrainer(model, sgd(model), topo, loss_fn=loss_fn, **options)
-    describe = getattr(trainer.sync, "describe", lambda: "")()
-    return Contender(name, model, trainer.step, trainer.close, describe=describe)
+    text = getattr(trainer.sync, "describe", lambda: "")()     # as built, before any step
+    return Contender(name, model, trainer.step, trainer.close, describe=(lambda: text) if text else None)
 
 
 def time_steps(comm: MPI.Comm, contender: Contender, data, steps: int) -> float:
@@ -160,7 +164,7 @@ def measure_model(args, comm, topo, dist, model_name: str) -> list[dict]:
                 contenders.append(c)
         for c in contenders:                     # warm-up: allocation, lazy set-up, caches
             time_steps(comm, c, data, args.warmup)
-        times = {c.name: [] for c in contenders}
+        times: dict[str, list[float]] = {c.name: [] for c in contenders}
         for r in range(args.rounds):
             for k in range(len(contenders)):
                 c = contenders[(k + r) % len(contenders)]
@@ -169,7 +173,7 @@ def measure_model(args, comm, topo, dist, model_name: str) -> list[dict]:
     rows = []
     for c in contenders:
         t = times[c.name]
-        rows.append({"model": model_name, "n_params": n_params, "config": c.name, "describe": c.describe,
+        rows.append({"model": model_name, "n_params": n_params, "config": c.name, "describe": c.describe(),
                      "world_size": comm.Get_size(), "batch_per_rank": args.batch,
                      "step_ms": statistics.median(t) * 1e3, "rounds_ms": [v * 1e3 for v in t],
                      "x_ddp": paired_ratios(base_times, t) if base_times else None})

@@ -51,17 +51,15 @@ class Bucket:
     bufs: list              # two 1-D buffers, dtype of the parameters
     index: int
     k: int = 1              # round t's input is bufs[k] (flipped when a round starts)
-    link: Wire = None       # what crosses between ranks (hpctrain.comm.wire), made with the
-                            # bucket and never replaced; None: full precision, no buffer
-    views: list = field(default=None, repr=False)   # views[j][i]: params[i]'s slice of bufs[j]
-    staging: object = None        # device buckets: the device buffers the views live in
-                                  # (hpctrain.comm.staging); None: the views live in ``bufs``
+    link: Wire = field(default_factory=Wire)    # what crosses between ranks (hpctrain.comm.wire),
+                            # made with the bucket and never replaced; Wire(): full precision, no buffer
+    views: list = field(default_factory=list, repr=False)   # views[j][i]: params[i]'s slice of bufs[j]
+    staging: staging_lib.Staging | None = None   # device buckets: the device buffers the views
+                            # live in (hpctrain.comm.staging); None: the views live in ``bufs``
     _encoded: bool = field(default=False, init=False, repr=False)  # the mean is still in the
                             # wire, packed (read: ``result``; bound: ``scatter``)
 
     def __post_init__(self):
-        if self.link is None:
-            self.link = Wire()
         homes = self.bufs if self.staging is None else self.staging.dev
         self.views = [[buf[off:off + p.numel()].view_as(p) for p, off in zip(self.params, self.offsets)]
                       for buf in homes]
@@ -110,6 +108,7 @@ class Bucket:
         ``scale`` times it into fp16 on the device first and only the wire crosses
         (:mod:`hpctrain.comm.staging`). Returns what the reduction must wait on."""
         st = self.staging
+        assert st is not None
         if not self.link.packs_bucket:
             return st.to_host(st.dev[self.k], self.flat)
         self._encoded = True        # the round's values (then the mean) are in the wire
@@ -177,7 +176,9 @@ class Bucket:
 
 def _groups(params, bucket_bytes: int) -> list[list]:
     """Parameters grouped into buckets of about ``bucket_bytes``, last-defined first."""
-    buckets, cur, cur_bytes = [], [], 0
+    buckets: list[list] = []
+    cur: list = []
+    cur_bytes = 0
     for p in reversed(list(params)):
         n_bytes = p.numel() * p.element_size()
         if cur and (cur_bytes + n_bytes > bucket_bytes or p.dtype != cur[0].dtype

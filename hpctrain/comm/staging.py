@@ -152,7 +152,7 @@ class Staging:
                  registry: HostRegistry | None = None):
         self.device = torch.device(device)
         self.dev = [torch.zeros(n_elems, dtype=dtype, device=self.device) for _ in (0, 1)]
-        self.dev_wire = None        # made with a compressed bucket's wire (host_wire)
+        self.dev_wire: torch.Tensor | None = None     # made with a compressed bucket's wire (host_wire)
         self.landed = True          # is this round's mean on the device already?
         self.cuda = self.device.type == "cuda"      # real CUDA memory (pinning, registration)
         # streams and events (hpctrain.comm.streams; a recording fake in tests), None: host copies
@@ -181,6 +181,7 @@ class Staging:
         if self.api is None:
             self._copy_out(dev_flat, host_flat, wire, scale)
             return self.ready
+        assert self.stream is not None      # made with the api
         self.stream.wait_stream(self.api.current_stream(self.device))   # gradients complete
         with self.api.stream(self.stream):
             self._copy_out(dev_flat, host_flat, wire, scale)
@@ -204,9 +205,10 @@ class Staging:
             if wire is None:
                 dev_out.copy_(host_flat, non_blocking=async_)
             else:
+                assert self.dev_wire is not None    # host_wire staged this wire
                 self.dev_wire.copy_(wire.buf, non_blocking=async_)
                 wire.unpack([dev_out], source=self.dev_wire)
-            if async_:      # the host buffer is read until this completes (drain)
+            if self.api is not None:    # async: the host buffer is read until this completes (drain)
                 self.back.event.record(self.api.current_stream(self.device))
             self.landed = True
         return dev_out

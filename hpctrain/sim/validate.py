@@ -26,6 +26,7 @@ within 3.2 points. That variant is printed as a second table, not folded into th
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from hpctrain.sim.step import Scenario, predict
 
@@ -48,7 +49,7 @@ class Case:
     assumed: str
 
 
-_HOROVOD = dict(device="p100", precision="fp32", batch_per_gpu=64, gpus_per_node=4, net="roce-25g",
+_HOROVOD: dict[str, Any] = dict(device="p100", precision="fp32", batch_per_gpu=64, gpus_per_node=4, net="roce-25g",
                 intra="pcie3", algo="ring", bucket_mb=64.0)
 _HOROVOD_ASSUMED = ("'Pascal' = P100 (PCIe: 4 per server); NCCL 2 flat ring over all ranks "
                     "(NCCL 2.0-2.2 had rings only); Horovod fusion buffer 64 MB; fp32 gradients")

@@ -84,6 +84,9 @@ class SyncBatchNorm(_BatchNorm):
         y, mean, var, count = _SyncBN.apply(input, self.weight, self.bias, self.eps)
         if self.track_running_stats:
             with torch.no_grad():
+                # track_running_stats: BatchNorm made these buffers
+                assert self.num_batches_tracked is not None and self.running_mean is not None
+                assert self.running_var is not None
                 self.num_batches_tracked += 1
                 m = (1.0 / float(self.num_batches_tracked)) if self.momentum is None else self.momentum
                 unbiased = var * (count / max(count - 1, 1))
