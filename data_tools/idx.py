@@ -14,8 +14,9 @@ import numpy as np
 
 from data_tools.sources import SourceError, from_arrays, source
 
-IDX_TYPES: dict[int, np.dtype] = {0x08: np.dtype(">u1"), 0x09: np.dtype(">i1"), 0x0B: np.dtype(">i2"), 0x0C: np.dtype(">i4"),
-             0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
+IDX_TYPES: dict[int, np.dtype] = {
+    0x08: np.dtype(">u1"), 0x09: np.dtype(">i1"), 0x0B: np.dtype(">i2"), 0x0C: np.dtype(">i4"),
+    0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
 FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
          "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
 FASHION = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]

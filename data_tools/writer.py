@@ -150,7 +150,7 @@ def _convert_job(source: Source, out: str, job: tuple, fingerprint: str, bar, bl
 def _index_meta(source: Source, jobs: list, records: list) -> dict:
     stats_split = "train" if "train" in source.splits else jobs[0][0]
     total = Moments(_channels(source))
-    splits = {}
+    splits: dict[str, dict] = {}
     for job, rec in zip(jobs, records):
         split = job[0]
         sp = splits.setdefault(split, {"num_samples": source.splits[split].num_samples, "shards": []})

@@ -74,7 +74,7 @@ def require_cupy():
     return cupy
 
 
-_FUNCTIONS = {}
+_FUNCTIONS: dict[tuple[str, int], object] = {}    # (name, device id) -> cupy RawKernel
 
 
 def function(source, name):
@@ -136,7 +136,7 @@ def _cupy_view_of(torch_stream, dev, cupy=None):
     return external(torch_stream.cuda_stream, dev)
 
 
-_TABLES = {}
+_TABLES: dict[tuple, tuple] = {}
 
 
 def device_table(tensors):

@@ -13,7 +13,8 @@ def segments(tensors, chunk_elems, run_below=None):
     """Yield `(offset, n_elems, parts)`: `parts` are 1-D views covering buffer[offset:offset+n]."""
     run_below = chunk_elems if run_below is None else run_below
     offset = 0
-    run, run_elems, run_offset = [], 0, 0
+    run: list = []
+    run_elems = run_offset = 0
     for t in tensors:
         flat = t.view(-1)
         n = flat.numel()

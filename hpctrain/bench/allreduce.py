@@ -63,7 +63,7 @@ def timed_round_robin(comm: MPI.Comm, cases, iters: int, warmup: int) -> list[fl
     rotates, so that each implementation sees the same background load (a shared machine's
     noise then spreads over all of them instead of biasing whichever ran during a busy spell).
     """
-    times = [[] for _ in cases]
+    times: list[list[float]] = [[] for _ in cases]
     for i in range(warmup + iters):
         for k in range(len(cases)):
             j = (k + i) % len(cases)

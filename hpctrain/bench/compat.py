@@ -127,18 +127,19 @@ def worker(args) -> dict:
                 for _ in range(args.warmup):
                     step()
             names = list(contenders)
-            seconds = {c: [] for c in names}
+            seconds: dict[str, list[float]] = {c: [] for c in names}
             comm.Barrier()
             for i in range(args.steps):                      # step by step, ABBA: a burst of
                 pair = names if (i + args.round) % 2 == 0 else names[::-1]  # load hits both alike
                 for c in pair:
                     seconds[c].append(timed(contenders[c][0]))
             # each step's time is the slowest rank's (one reduction per contender, after timing)
+            medians = {}
             for c, t in seconds.items():
                 slowest = np.array(t)
                 comm.Allreduce(MPI.IN_PLACE, slowest, op=MPI.MAX)
-                seconds[c] = float(np.median(slowest))
-            out[name] = seconds
+                medians[c] = float(np.median(slowest))
+            out[name] = medians
         finally:
             for _, close in contenders.values():
                 close()

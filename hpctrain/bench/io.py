@@ -146,7 +146,8 @@ class Bench:
         self.index_v3 = with_sha256_blocks(self.index, directory)
         self.files = [os.path.join(directory, e["file"]) for e in self.index.split("train")["shards"]]
         self.sample_bytes = int(np.prod(self.index.sample_shape))
-        self.rows, self.cold_method, self.cpu_s = [], None, None
+        self.rows: list[dict] = []
+        self.cold_method, self.cpu_s = None, None
 
     def timed(self, fn) -> tuple[int, float]:
         """Run ``fn() -> samples`` on every rank at once: (total samples, slowest rank's seconds).
@@ -184,8 +185,11 @@ class Bench:
         """The whole-file SHA-256 pass of a v1/v2 index at open (shards spread over the ranks)."""
         self.prepare(cache)
         opened = []
-        n, dt = self.timed(lambda: opened.append(ShardSet(self.index, "train", comm=self.comm, driver="serial",
-                                                          per_block=False)) or 0)
+
+        def open_set() -> int:
+            opened.append(ShardSet(self.index, "train", comm=self.comm, driver="serial", per_block=False))
+            return 0
+        n, dt = self.timed(open_set)
         opened[0].close()
         n_bytes = sum(os.path.getsize(f) for f in self.files)
         self.row(f"{CHECK}, each shard by 1 of {self.topo.size} rank(s)", cache,
@@ -293,6 +297,7 @@ def data_wait_share(comm, topo, steps: int, driver: str | None = None) -> dict:
             opt.zero_grad()
             torch.nn.functional.cross_entropy(model(x), y).backward()
             for p in model.parameters():          # the gradient mean, as the flat strategy computes it
+                assert p.grad is not None
                 g = p.grad.numpy()
                 comm.Allreduce(MPI.IN_PLACE, g)
                 g /= topo.size
@@ -310,7 +315,7 @@ def data_wait_share(comm, topo, steps: int, driver: str | None = None) -> dict:
 
 def medians(rows: list) -> list:
     """One row per method (first-seen order): the round of median time, the median CPU seconds."""
-    by = {}
+    by: dict[str, list[dict]] = {}
     for r in rows:
         by.setdefault(r["method"], []).append(r)
     out = []
@@ -354,7 +359,8 @@ def integrity(rows: list) -> list[str]:
     one's: the speed share a host with no spare core would see)."""
     out = []
     for cache in ("cold", "warm"):
-        got, plain = {}, []
+        got: dict[str, dict] = {}
+        plain: list = []
         for r in rows:
             if r["cache"] != cache or r["data"] != rows[0]["data"]:
                 continue

@@ -57,7 +57,8 @@ def best_time_s(fn, min_time_s, sync=lambda: None):
     """Best wall time of repeated calls (after one warm-up), repeated >= 3 times and min_time_s."""
     fn()
     sync()
-    times, start = [], time.perf_counter()
+    times: list[float] = []
+    start = time.perf_counter()
     while len(times) < 3 or time.perf_counter() - start < min_time_s:
         t0 = time.perf_counter()
         fn()

@@ -92,7 +92,7 @@ def measure(args, comm) -> list[dict]:
             torch.randint(0, 10, (args.batch,), generator=g))
     rows = []
     for delay_ms in args.comm_delay_ms:
-        runs = {a: [] for a in ALGORITHMS}
+        runs: dict[str, list[dict]] = {a: [] for a in ALGORITHMS}
         for _ in range(args.repeats):
             for algorithm in ALGORITHMS:
                 runs[algorithm].append(one_run(args, topo, algorithm, delay_ms, data))

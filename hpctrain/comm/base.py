@@ -15,6 +15,8 @@ parameters have their gradient, and every hook call polls the buckets in flight.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from hpctrain.comm import compression as compression_lib
@@ -48,7 +50,7 @@ class GradSync:
         self.gather_scale = 1.0 / self.comm.Get_size()
         self.overlap = bool(overlap)
         self.tune = tuner.check_tune(tune)      # per-bucket MPI-or-ring: fixed rule or measured
-        self.measured = {}                      # bucket bytes -> method, where tune measured it
+        self.measured: dict[int, str] = {}      # bucket bytes -> method, where tune measured it
         self._prepare(bucket_sizes(self.params, bucket_bytes))
         # Device buffers may go to a CUDA-aware MPI as they are only where MPI sums the bucket's
         # own buffers: full precision, and no host memory of the strategy's own (a window). One
@@ -61,8 +63,9 @@ class GradSync:
         self._bucket_of = {id(p): b.index for b in self.buckets for p in b.params}
         self._pending: dict[int, Pending] = {}
         self.blocking_round = False     # finish() starts the whole round and waits at once
-        self.on_start = []      # callbacks f(bucket_index) when a bucket starts (emulated link delay)
-        self._seen = set()                       # ids of params whose grad is ready this round
+        # callbacks f(bucket_index) when a bucket starts (emulated link delay)
+        self.on_start: list[Callable[[int], None]] = []
+        self._seen: set[int] = set()             # ids of params whose grad is ready this round
         self._n_ready = [0] * len(self.buckets)
         self._index_in_bucket = {id(p): i for b in self.buckets for i, p in enumerate(b.params)}
         # Before autograd accumulates: a parameter whose bucket is in flight gets a private grad.

@@ -15,7 +15,8 @@ _ALIGN = 16     # each tensor starts at a multiple of this in the packed buffer 
 
 def _chunks(tensors):
     """Consecutive runs of tensors on one device, each up to ``BCAST_CHUNK_BYTES``."""
-    run, size = [], 0
+    run: list[torch.Tensor] = []
+    size = 0
     for t in tensors:
         n = t.numel() * t.element_size()
         if run and (t.device != run[0].device or size + n > BCAST_CHUNK_BYTES):

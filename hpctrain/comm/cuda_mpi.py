@@ -52,7 +52,7 @@ def page_ranges(spans) -> list[tuple[int, int]]:
     page (the window aligns them to cache lines) and a page cannot be registered twice."""
     pages = sorted((start // PAGE_BYTES * PAGE_BYTES, -(-(start + n) // PAGE_BYTES) * PAGE_BYTES)
                    for start, n in spans if n > 0)
-    merged = []
+    merged: list[list[int]] = []
     for lo, hi in pages:
         if merged and lo <= merged[-1][1]:
             merged[-1][1] = max(merged[-1][1], hi)

@@ -40,7 +40,7 @@ def measured(comm: MPI.Comm, src, dst, codec, scale: float, blocking: bool, tria
     by each method, interleaved trial by trial. ``src`` is read, ``dst`` overwritten."""
     n = comm.Get_size()
     bufs = {m: RingBuffers(src.numel(), src.dtype, n, codec, m, src.device) for m in ("mpi", "ring")}
-    times = {m: [] for m in bufs}
+    times: dict[str, list[float]] = {m: [] for m in bufs}
     for trial in range(trials + 1):
         for m in (("mpi", "ring") if trial % 2 else ("ring", "mpi")):
             comm.Barrier()

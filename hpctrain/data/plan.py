@@ -43,7 +43,8 @@ def rank_runs(n_samples: int, size: int, rank: int, *, epoch: int, seed: int, bl
     blocks = permuted_blocks(n_samples, block_size, seed, epoch)
     total = n_samples if total is None else total
     lo, hi = block_range(total, size, rank)
-    runs, pos = [], 0          # pos: position of the current block in the (wrapped) sequence
+    runs: list[tuple[int, int]] = []
+    pos = 0                    # pos: position of the current block in the (wrapped) sequence
     while pos < hi:
         for a, b in blocks:
             n = b - a

@@ -62,7 +62,9 @@ def post_grouped_allreduce(comm, tensors, outputs, op, prescale=1.0, postscale=1
     by_dtype: dict[torch.dtype, list[int]] = {}
     for i, t in enumerate(tensors):
         by_dtype.setdefault(t.dtype, []).append(i)
-    reqs, finishes, keep = [], [], []
+    reqs: list = []
+    finishes: list = []
+    keep: list = []
     for idx in by_dtype.values():
         flat = torch.cat([B.host(tensors[i]).reshape(-1) for i in idx])
         fused = post_allreduce(comm, flat, flat, op, prescale, postscale)

@@ -38,7 +38,8 @@ def _named(optimizer, named_parameters) -> list[tuple[str, torch.Tensor]]:
     if any(not isinstance(p, tuple) for p in named):
         raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
                          "usually produced by model.named_parameters().")
-    seen, dups = set(), set()
+    seen: set[str] = set()
+    dups: set[str] = set()
     for k, _ in named:
         (dups if k in seen else seen).add(k)
     if dups:
