@@ -25,4 +25,6 @@ def apply(train, backends=torch.backends) -> dict:
 def model_memory_format(model: torch.nn.Module, channels_last: bool) -> torch.nn.Module:
     """``model`` in channels-last layout (NHWC: what tensor cores' convolutions read without a
     transpose) where asked; convolutions then give channels-last outputs from NCHW inputs too."""
-    return model.to(memory_format=torch.channels_last) if channels_last else model
+    if not channels_last:
+        return model
+    return model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch stub omits it

@@ -44,6 +44,12 @@ def bn_layers(model: nn.Module) -> list[_BatchNorm]:
             if isinstance(m, _BatchNorm) and m.track_running_stats]
 
 
+def _buffers(bn: _BatchNorm) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(running_mean, running_var, num_batches_tracked)``: there in every layer of :func:`bn_layers`."""
+    assert bn.running_mean is not None and bn.running_var is not None and bn.num_batches_tracked is not None
+    return bn.running_mean, bn.running_var, bn.num_batches_tracked
+
+
 def _first(batch: Any) -> torch.Tensor:
     return batch[0] if isinstance(batch, (tuple, list)) else batch
 
@@ -71,7 +77,7 @@ def recompute_bn_stats(model: nn.Module, batches: Iterable[Any], comm: MPI.Comm,
             acc[2 * n_ch] += x.numel() // n_ch
         return hook
 
-    saved = [(bn.momentum, bn.num_batches_tracked.clone()) for bn in layers]
+    saved = [(bn.momentum, _buffers(bn)[2].clone()) for bn in layers]
     handles = [bn.register_forward_pre_hook(make_hook(acc, bn.num_features))
                for bn, acc in zip(layers, sums)]
     was_training = model.training
@@ -88,7 +94,7 @@ def recompute_bn_stats(model: nn.Module, batches: Iterable[Any], comm: MPI.Comm,
         model.train(was_training)
         for bn, (momentum, tracked) in zip(layers, saved):
             bn.momentum = momentum
-            bn.num_batches_tracked.copy_(tracked)
+            _buffers(bn)[2].copy_(tracked)
 
     flat = np.ascontiguousarray(
         torch.cat(sums + [torch.tensor([float(n_local)], dtype=torch.float64)]).numpy())
@@ -108,5 +114,6 @@ def _assign(layers: list[_BatchNorm], flat: np.ndarray) -> None:
             continue
         mean = s / n
         var = np.maximum((q - n * mean * mean) / (n - 1), 0.0)
-        bn.running_mean.copy_(torch.from_numpy(mean))
-        bn.running_var.copy_(torch.from_numpy(var))
+        running_mean, running_var, _ = _buffers(bn)
+        running_mean.copy_(torch.from_numpy(mean))
+        running_var.copy_(torch.from_numpy(var))

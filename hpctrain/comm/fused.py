@@ -56,9 +56,9 @@ def sum_into(srcs, out: torch.Tensor, scale: float = 1.0, chunk: int = CHUNK_ELE
                 o.mul_(scale)
         for c in copies:
             c[lo:hi].copy_(o)
-        if check:
+        if sums is not None:        # check
             sums[k] = o.sum()
-    return check and n > 0 and not bool(torch.isfinite(sums.sum()))
+    return sums is not None and n > 0 and not bool(torch.isfinite(sums.sum()))
 
 
 def scale_and_check(t: torch.Tensor, scale: float = 1.0) -> bool:

@@ -44,7 +44,7 @@ class SharedWindow:
         self.mem = []
         for r in range(intra.Get_size()):
             buf, _ = self.win.Shared_query(r)
-            self.mem.append(np.frombuffer(buf, dtype=np.uint8) if len(buf) else np.empty(0, np.uint8))  # type: ignore[call-overload]  # numpy's stub omits the buffer protocol
+            self.mem.append(np.frombuffer(buf, dtype=np.uint8) if len(buf) else np.empty(0, np.uint8))  # type: ignore[call-overload]  # numpy stub: buffers only on 3.12+
         self.win.Lock_all(MPI.MODE_NOCHECK)
 
     def view(self, rank: int, byte_offset: int, n_elems: int, dtype) -> torch.Tensor:

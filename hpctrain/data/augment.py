@@ -130,7 +130,7 @@ def crop_resize_at(x: torch.Tensor, boxes: torch.Tensor, flips: torch.Tensor | N
     theta = torch.zeros(b, 2, 3)
     theta[:, 0, 0], theta[:, 0, 2] = sx, 2 * cx - 1
     theta[:, 1, 1], theta[:, 1, 2] = bh, 2 * cy - 1
-    grid = F.affine_grid(host_to(theta, x.device), (b, c, h, w), align_corners=False)
+    grid = F.affine_grid(host_to(theta, x.device), [b, c, h, w], align_corners=False)
     return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
 
 

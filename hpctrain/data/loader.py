@@ -244,7 +244,7 @@ class ShardLoader:
         prep = None if self.raw else self._prep(epoch, augment)
         for x, y in source:
             t0 = time.perf_counter()
-            t = host_tensor(x, self.pin) if self.raw else prep(x)
+            t = host_tensor(x, self.pin) if prep is None else prep(x)     # None: raw
             self.stats.prep_s += time.perf_counter() - t0
             self.stats.batches += 1
             yield t, host_tensor(y, self.pin)
@@ -287,6 +287,7 @@ class ShardLoader:
         return self._take(iter(self._active), epoch, augment)
 
     def _node_epoch(self, epoch: int, skip: int, augment: bool):
+        assert self.node is not None
         self.node.start(epoch, skip)
         return self._batches(epoch, skip, augment)
 

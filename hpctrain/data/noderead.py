@@ -60,7 +60,7 @@ class NodeReader:
         total = ctrl_bytes + self.slots * slot_bytes
         self.win = MPI.Win.Allocate_shared(total if self.local_rank == 0 else 0, 1, comm=node_comm)  # type: ignore[arg-type]  # an Intracomm (stub: Split returns Comm)
         buf, _ = self.win.Shared_query(0)
-        mem = np.frombuffer(buf, np.uint8, count=total)  # type: ignore[call-overload]  # numpy's stub omits the buffer protocol
+        mem = np.frombuffer(buf, np.uint8, count=total)  # type: ignore[call-overload]  # numpy stub: buffers only on 3.12+
         ctrl = mem[:8 * n_ctrl].view(np.int64)
         self.error = ctrl[0:1]
         self.ready = ctrl[1:1 + self.slots]

@@ -98,7 +98,7 @@ def _make_shortcut(c_in: int, c_out: int, stride: int, kind: str) -> nn.Module:
 class ResNet(nn.Module):
     """Stem, stages of residual blocks, global average pool, linear classifier."""
 
-    def __init__(self, block: type, blocks_per_stage: list[int], widths: list[int],
+    def __init__(self, block: type[BasicBlock] | type[Bottleneck], blocks_per_stage: list[int], widths: list[int],
                  num_classes: int, in_channels: int = 3, imagenet_stem: bool = True,
                  shortcut: str = "B", zero_init_residual: bool = False):
         super().__init__()

@@ -131,10 +131,10 @@ class Watchdog:
         self._thread: threading.Thread | None = None
         self._beat_thread: threading.Thread | None = None
         if self.rank == 0:
-            self.progress = np.frombuffer(self.win.tomemory(), dtype=np.int64)  # type: ignore[call-overload]  # numpy's stub omits the buffer protocol
+            self.progress = np.frombuffer(self.win.tomemory(), dtype=np.int64)  # type: ignore[call-overload]  # numpy stub: buffers only on 3.12+
             self.progress[:] = 0
             if self.beats:
-                self.heartbeats = np.frombuffer(self.beat_win.tomemory(), dtype=np.int64)  # type: ignore[call-overload]  # numpy's stub omits the buffer protocol
+                self.heartbeats = np.frombuffer(self.beat_win.tomemory(), dtype=np.int64)  # type: ignore[call-overload]  # numpy stub: buffers only on 3.12+
                 self.heartbeats[:] = 0
         self.comm.Barrier()                  # every slot is zero before anyone posts
         bounds = [b for b in (timeout_s, abort_s) if b > 0]

@@ -68,7 +68,7 @@ class NonFiniteGuard:
         self.comm = comm            # the gradient sync's: every rank reaches the same calls
         self.wire_skips = 0         # consecutive skipped steps (finite gradients, overflowing sum)
         self.lazy = lazy            # read the weight flag later (None: where it is on a GPU)
-        self.pending = None         # (step, device flag) of an update not checked yet
+        self.pending: tuple[int, torch.Tensor] | None = None    # (step, device flag) of an update not checked yet
 
     def overflow(self, step: int, loss: torch.Tensor, own_grads_finite: bool) -> None:
         """Collective, at the same step on every rank: raise :class:`NonFiniteError` naming the
@@ -82,8 +82,7 @@ class NonFiniteGuard:
                 what.append(f"non-finite loss on {_ranks(bad_loss)}")
             if bad_grad:
                 what.append(f"non-finite gradient (finite loss) on {_ranks(bad_grad)}")
-            what = "; ".join(what)
-            raise NonFiniteError(f"step {step}: {what}; stopped on every rank (no loss scaler skips such "
+            raise NonFiniteError(f"step {step}: {'; '.join(what)}; stopped on every rank (no loss scaler skips such "
                                  "steps: lower optim.lr, or with fp16 compute set precision.loss_scale)")
         self.wire_skips += 1
         if self.wire_skips >= MAX_WIRE_SKIPS:
