@@ -17,14 +17,16 @@ import io
 import os
 import pickle
 import tarfile
+from typing import Any
 
 import numpy as np
 
 from data_tools.sources import SourceError, from_arrays, source
 
-CIFAR10 = {"train": [f"data_batch_{i}" for i in range(1, 6)], "test": ["test_batch"], "meta": "batches.meta",
-           "labels": "labels", "names": "label_names"}
-CIFAR100 = {"train": ["train"], "test": ["test"], "meta": "meta", "labels": "fine_labels", "names": "fine_label_names"}
+CIFAR10: dict[str, Any] = {"train": [f"data_batch_{i}" for i in range(1, 6)], "test": ["test_batch"],
+                           "meta": "batches.meta", "labels": "labels", "names": "label_names"}
+CIFAR100: dict[str, Any] = {"train": ["train"], "test": ["test"], "meta": "meta", "labels": "fine_labels",
+                            "names": "fine_label_names"}
 
 
 class UnsafePickleError(SourceError):
@@ -95,7 +97,9 @@ def _reader(src: str):
         def read(name):
             if name not in members:
                 raise SourceError(f"{src}: missing CIFAR file {name} in the archive")
-            return tar.extractfile(members[name]).read()
+            fh = tar.extractfile(members[name])
+            assert fh is not None       # members are regular files
+            return fh.read()
         return read
     raise SourceError(f"{src}: not a CIFAR folder or .tar.gz")
 

@@ -119,6 +119,7 @@ def load_imagefolder(src: str | None, *, test_fraction: float = 0.2, seed: int =
     rng = np.random.default_rng(seed)
     items = list_files(train_root, classes)
     if train_root != src:
+        assert held_out is not None         # train_root is src/train only with one
         test_root = os.path.join(src, held_out)
         extra = set(list_classes(test_root)) - set(classes)
         if extra:

@@ -233,7 +233,7 @@ def _check_npz_headers(heads: dict, src: str) -> None:
         raise SourceError(f"{src}: arrays declare {total / 2**30:,.1f} GiB, more than this machine's memory")
 
 
-def read_npz(src: str) -> dict:
+def read_npz(src: str | None) -> dict:
     """The arrays of an ``.npz``, every header checked before any data is read.
 
     Read with :mod:`zipfile` and ``np.lib.format`` (what ``np.load`` does) so the checks come
@@ -276,6 +276,7 @@ def load_npz(src: str | None, *, test_fraction: float = 0.2, seed: int = 0, size
     ``.npz`` plus a test ``.npz`` (``test_file``, its arrays ``x``/``y``). Without a test split a
     seeded ``test_fraction`` split is made, and said in :attr:`Source.notes`."""
     arrays = read_npz(src)
+    assert src is not None      # read_npz raised otherwise
     for key in ("x", "y"):
         if key not in arrays:
             raise SourceError(f"{src}: missing array {key!r} (has {', '.join(arrays) or 'none'})")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from typing import cast
 
 import numpy as np
 
@@ -131,10 +132,11 @@ def _convert_job(source: Source, out: str, job: tuple, fingerprint: str, bar, bl
             if bad.size:
                 raise SourceError(f"{source.origin}: split {split} sample {a + int(bad[0])} has label "
                                   f"{int(chunk.y[bad[0]])}, outside 0..{len(source.class_names) - 1}")
-            if source.encoding == "raw" and (chunk.x.shape[1:] != tuple(source.sample_shape)
-                                             or str(chunk.x.dtype) != source.dtype):
-                raise SourceError(f"{source.origin}: split {split} samples {a}..{b} are {chunk.x.dtype} "
-                                  f"{chunk.x.shape[1:]}, expected {source.dtype} {tuple(source.sample_shape)}")
+            raw = cast(np.ndarray, chunk.x)     # with encoding "raw" an array (jpeg: a list of bytes)
+            if source.encoding == "raw" and (raw.shape[1:] != tuple(source.sample_shape)
+                                             or str(raw.dtype) != source.dtype):
+                raise SourceError(f"{source.origin}: split {split} samples {a}..{b} are {raw.dtype} "
+                                  f"{raw.shape[1:]}, expected {source.dtype} {tuple(source.sample_shape)}")
             moments.add(chunk.pixels if chunk.pixels.ndim > 1 else chunk.pixels[:, None])
             w.write(chunk.x, chunk.y)
             if bar is not None:

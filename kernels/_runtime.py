@@ -125,7 +125,8 @@ def _cupy_view_of(torch_stream, dev, cupy=None):
     (CuPy >= 14 `Stream.from_external`, torch's `__cuda_stream__`), else `ExternalStream(ptr,
     device)` (CuPy 12 and 13; deprecated in 14, still there)."""
     if cupy is None:
-        import cupy
+        import cupy as cupy_module
+        cupy = cupy_module
 
     if hasattr(cupy.cuda.Stream, "from_external") and hasattr(torch_stream, "__cuda_stream__"):
         return cupy.cuda.Stream.from_external(torch_stream)

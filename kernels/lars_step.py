@@ -58,19 +58,18 @@ def reference(params, grads, momentum_buffers, step, weight_decay, momentum, nes
         _reference_cpu(params, grads, momentum_buffers, step, weight_decay, momentum, nesterov)
         return
     steps = list(step.unbind(0)) if isinstance(step, torch.Tensor) else float(step)
-    per_tensor = isinstance(steps, list)
     torch._foreach_mul_(momentum_buffers, momentum)
     _axpy_(momentum_buffers, grads, steps)
     if weight_decay:
         _axpy_(momentum_buffers, params,
-               [weight_decay * s for s in steps] if per_tensor else weight_decay * steps)
+               [weight_decay * s for s in steps] if isinstance(steps, list) else weight_decay * steps)
     if not nesterov:
         torch._foreach_sub_(params, momentum_buffers)
         return
     if weight_decay:  # w*(1 - s*wd) - s*g - m*v  ==  w - u - m*v
-        torch._foreach_mul_(params, [1.0 - weight_decay * s for s in steps] if per_tensor
+        torch._foreach_mul_(params, [1.0 - weight_decay * s for s in steps] if isinstance(steps, list)
                             else 1.0 - weight_decay * steps)
-    _axpy_(params, grads, [-s for s in steps] if per_tensor else -steps)
+    _axpy_(params, grads, [-s for s in steps] if isinstance(steps, list) else -steps)
     torch._foreach_add_(params, momentum_buffers, alpha=-momentum)
 
 

@@ -116,10 +116,10 @@ def query_library(lib) -> tuple[bool, str]:
         return ok, f"MPIX_Query_cuda_support() = {int(ok)}"
     fn = getattr(lib, "MPIX_GPU_query_support", None)
     if fn is not None:
-        ok = ctypes.c_int(0)
+        flag = ctypes.c_int(0)
         fn.restype = ctypes.c_int
-        err = fn(ctypes.c_int(MPIX_GPU_SUPPORT_CUDA), ctypes.byref(ok))
-        aware = err == 0 and bool(ok.value)
+        err = fn(ctypes.c_int(MPIX_GPU_SUPPORT_CUDA), ctypes.byref(flag))
+        aware = err == 0 and bool(flag.value)
         return aware, f"MPIX_GPU_query_support(CUDA) = {int(aware)}"
     return False, "the MPI library has no CUDA query (taken as not CUDA-aware)"
 

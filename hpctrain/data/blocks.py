@@ -144,4 +144,4 @@ class BlockCheck:
 
 def _scratch(n: int) -> memoryview:
     """``n`` bytes to read into and hash, not zeroed first."""
-    return memoryview(np.empty(n, np.uint8)).cast("B")
+    return memoryview(np.empty(n, np.uint8)).cast("B")  # type: ignore[arg-type]  # numpy stub: buffers only on 3.12+

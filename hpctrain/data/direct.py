@@ -43,7 +43,7 @@ class DirectExtent:
     def read_into(self, lo: int, hi: int, out: np.ndarray) -> None:
         """Rows ``[lo, hi)`` into the C-contiguous ``out`` (exactly ``hi - lo`` rows)."""
         pos, want = self.span(lo, hi)
-        pread_full(self.fd, memoryview(out).cast("B")[:want], pos)
+        pread_full(self.fd, memoryview(out).cast("B")[:want], pos)  # type: ignore[arg-type]  # numpy stub: buffers only on 3.12+
 
 
 def pread_full(fd: int, view: memoryview, pos: int) -> None:

@@ -301,9 +301,9 @@ class ShardSet:
         ``raw``: an (n, *sample_shape) array; ``jpeg``: an (n,) object array of encoded bytes.
         """
         jpeg = self.index.encoding == "jpeg"
-        x = np.empty((stop - start,) if jpeg else (stop - start, *self.index.sample_shape),
-                     object if jpeg else self.index.dtype) if 0 <= start <= stop else None
-        y = np.empty(stop - start, np.int64) if x is not None else None
+        n = stop - start if 0 <= start <= stop else 0    # a bad range: read_into raises IndexError
+        x = np.empty((n,) if jpeg else (n, *self.index.sample_shape), object if jpeg else self.index.dtype)
+        y = np.empty(n, np.int64)
         self.read_into(start, stop, x, y)
         return x, y
 
@@ -336,7 +336,7 @@ class ShardSet:
         blk = self._blocks.get(i)
         if blk is not None:
             pos, n = ext.span(lo, hi)
-            if blk.read_into(ext.fd, pos, memoryview(out).cast("B")[:n], self._pool()):
+            if blk.read_into(ext.fd, pos, memoryview(out).cast("B")[:n], self._pool()):  # type: ignore[arg-type]  # numpy stub: buffers only on 3.12+
                 return
         ext.read_into(lo, hi, out)
 
@@ -356,12 +356,12 @@ class ShardSet:
         def read_bytes(pos: int, view: memoryview) -> None:
             r0 = (pos - ext.offset) // ext.row_bytes
             r1 = -(-(pos + len(view) - ext.offset) // ext.row_bytes)
-            raw = memoryview(np.ascontiguousarray(ds[r0:r1])).cast("B")
+            raw = memoryview(np.ascontiguousarray(ds[r0:r1])).cast("B")  # type: ignore[arg-type]  # numpy stub: buffers only on 3.12+
             skip = pos - ext.offset - r0 * ext.row_bytes
             view[:] = raw[skip:skip + len(view)]
 
         pos, n = ext.span(lo, hi)
-        blk.check_read(pos, memoryview(out).cast("B")[:n], read_bytes, self._pool())
+        blk.check_read(pos, memoryview(out).cast("B")[:n], read_bytes, self._pool())  # type: ignore[arg-type]  # numpy stub: buffers only on 3.12+
 
     def check(self) -> None:
         """Open every shard and check it against the index (cheap: metadata only)."""
