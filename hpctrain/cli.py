@@ -123,6 +123,7 @@ def train_main(argv: list[str]) -> int:
         except ConfigError as exc:
             error = exc
         agree(comm, error)          # a file-system check may fail on one node only: stop every rank
+        assert cfg is not None              # agree raised otherwise
         from hpctrain.job import run
         summary = run(cfg, comm)
     except Stopped as exc:          # SIGTERM/SIGUSR1: checkpoint written, resumable

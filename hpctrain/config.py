@@ -355,6 +355,7 @@ def field_problem(f: dataclasses.Field, value) -> str | None:
     if f.name == "loss_scale":                 # precision.loss_scale: a word or a number
         if value in ("none", "dynamic"):
             return None
+        assert rng is not None      # its field has range=LOSS_SCALE
         try:
             ok = float(value) in rng
         except ValueError:
@@ -363,7 +364,9 @@ def field_problem(f: dataclasses.Field, value) -> str | None:
     if choices is not None:
         allowed = registry(choices)
         return None if value in allowed else f"must be one of {' | '.join(allowed)}, got {value!r}"
-    for x in (value if isinstance(value, list) else [value]) if rng is not None else ():
+    if rng is None:
+        return None
+    for x in value if isinstance(value, list) else [value]:
         if x not in rng:
             return f"must be {rng.describe()}, got {x!r}"
     return None

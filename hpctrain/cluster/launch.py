@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 from hpctrain.cluster.spec import ClusterSpec, hostfile_text
@@ -25,7 +26,7 @@ MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
 
 
 def mpiexec_argv(spec: ClusterSpec, state: Path, command: list[str], n_ranks: int,
-                 ranks_per_node: int, extra: list[str] = (), mpiexec: str = "mpiexec",
+                 ranks_per_node: int, extra: Sequence[str] = (), mpiexec: str = "mpiexec",
                  n_cores: int | None = None) -> list[str]:
     """The full ``mpiexec`` command line placing ``ranks_per_node`` consecutive ranks per node.
 

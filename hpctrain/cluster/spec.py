@@ -87,7 +87,7 @@ class ClusterSpec:
             raise ValueError(f"--subnet {self.subnet}: a private IPv4 /24 (or larger), e.g. 10.77.0.0/24")
 
     @property
-    def network(self) -> ipaddress.IPv4Network:
+    def network(self) -> ipaddress.IPv4Network | ipaddress.IPv6Network:    # validate(): IPv4
         return ipaddress.ip_network(self.subnet, strict=True)
 
     @property

@@ -59,6 +59,7 @@ def auto(params, topology, **kwargs) -> GradSync:
     """``hierarchical`` where some node holds more than one rank and they share memory, else
     ``flat`` (collective; every rank chooses alike)."""
     several = max(topology.node_sizes or (topology.local_size,)) > 1
+    sync: GradSync
     if several and nodes_share_memory(topology):
         sync = HierarchicalSync(params, topology, **kwargs)
         sync.chosen_by = f"auto: {max(topology.node_sizes or (topology.local_size,))} ranks on a node"
@@ -68,8 +69,8 @@ def auto(params, topology, **kwargs) -> GradSync:
     return sync
 
 
-auto.name = "auto"
-register(auto)
+auto.name = "auto"  # type: ignore[attr-defined]  # a selector function among the classes
+register(auto)  # type: ignore[arg-type]
 
 
 def concrete() -> list[str]:

@@ -37,6 +37,7 @@ class GradSync:
     """
 
     name = "base"
+    chosen_by = ""      # what chose this strategy (set by comm.auto), for describe()
 
     def __init__(self, params, topology: Topology, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  compression: str = "none", overlap: bool = False, tune: str = "static"):

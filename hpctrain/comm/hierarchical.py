@@ -131,11 +131,12 @@ class HierarchicalSync(GradSync):
             mine = outs[t.local_rank][sl]
             others = [o[sl] for r, o in enumerate(outs) if r != t.local_rank]
             srcs = [seg[sl] for seg in ins]
-            if self._rings[i] is None:
+            ring = self._rings[i]
+            if ring is None:
                 found = sum_into(srcs, mine, self.gather_scale, copies=others, check=True)
             else:               # level 2, across nodes: fp16 only here, the window stays fp32
                 sum_into(srcs, mine, self.gather_scale)
-                ring, wire = self._rings[i], bucket.link
+                wire = bucket.link
                 if wire.buf is not None:
                     wire.pack([mine])
                     found = yield from ring_allreduce(ring, self._inter[i], wire.codec, wire.buf, wire.buf)

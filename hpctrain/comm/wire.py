@@ -49,8 +49,12 @@ class Wire:
 
     def pack(self, tensors, scale: float = 1.0, into: torch.Tensor | None = None) -> None:
         """``scale * tensors`` into the wire buffer (or ``into``: a device wire)."""
-        self.codec.pack(tensors, self.buf if into is None else into, scale)
+        out = self.buf if into is None else into
+        assert out is not None, "pack: a wire without a buffer"
+        self.codec.pack(tensors, out, scale)
 
     def unpack(self, tensors, source: torch.Tensor | None = None) -> None:
         """The wire buffer (or ``source``: a device wire) into ``tensors``."""
-        self.codec.unpack(self.buf if source is None else source, tensors)
+        src = self.buf if source is None else source
+        assert src is not None, "unpack: a wire without a buffer"
+        self.codec.unpack(src, tensors)

@@ -73,7 +73,9 @@ class HookState:
         self._own_topo = topology is None and pg.topology() is None
         if self._own_topo:
             topology = Topology.create(MPI.COMM_WORLD.Dup(), emulated_ranks_per_node())
-        self.topo = topology or pg.topology()
+        topo = topology or pg.topology()
+        assert topo is not None             # made above where neither was given
+        self.topo: Topology = topo
         params = _params(model)
         try:
             self._check(params)
@@ -151,7 +153,8 @@ class HookState:
         finally:
             stand_in.grad = None
         self._used.add(key)
-        fut = torch.futures.Future(devices=[buffer.device] if buffer.device.type == "cuda" else None)
+        devices = [buffer.device] if buffer.device.type == "cuda" else None
+        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=devices)
         self._inflight.append((sync, fut))
         self._poll()
         if bucket.is_last():

@@ -94,8 +94,10 @@ def open_store(comm: MPI.Comm, timeout: datetime.timedelta = STORE_TIMEOUT) -> d
     on every rank, naming the address and the ranks that could not reach it."""
     rank, size = comm.Get_rank(), comm.Get_size()
     names = comm.gather(socket.gethostname(), root=0)
-    store, where = None, None
+    store: dist.TCPStore | None = None
+    where: tuple[str, int] | str | None = None      # rank 0's address, or why it has none
     if rank == 0:
+        assert names is not None            # the root's gather
         host, port = advertised_host(names), None
         try:
             port = _port()
@@ -124,6 +126,7 @@ def open_store(comm: MPI.Comm, timeout: datetime.timedelta = STORE_TIMEOUT) -> d
         raise RendezvousError(f"hpctrain.ddp: rank(s) {', '.join(map(str, bad))} cannot reach the "
                               f"rendezvous store at {host}:{port} on rank 0 ({errors[bad[0]]}); set "
                               "MASTER_ADDR to an address of rank 0's node that every node reaches")
+    assert store is not None            # made on every rank, or raised above
     return store
 
 

@@ -33,7 +33,7 @@ class RunDirectory:
             self._stack = stack.pop_all()
         return self
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc) -> bool | None:
         return self._stack.__exit__(*exc)
 
     def identity(self, comm: MPI.Comm, fresh: bool) -> str:

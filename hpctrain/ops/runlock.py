@@ -66,8 +66,8 @@ class RunLock:
 
     def __init__(self, directory: str):
         self.path = os.path.join(directory, LOCK_NAME)
-        self.fd = None
-        self.warning = None           # why no lock is held although nobody else holds it
+        self.fd: int | None = None
+        self.warning: str | None = None     # why no lock is held although nobody else holds it
 
     def acquire(self) -> None:
         """Take the lock and record this process in it; :class:`RunDirBusy` if another job has it."""

@@ -38,8 +38,8 @@ class StopSignal:
         self.local = 0                  # signal number received on this rank (0: none)
         self.agreed = 0                 # max over ranks, known at the same poll on every rank
         self._send, self._recv = np.zeros(1, np.int32), np.zeros(1, np.int32)
-        self._req = None
-        self._previous = {}
+        self._req: MPI.Request | None = None
+        self._previous: dict = {}
         if threading.current_thread() is threading.main_thread():
             self._previous = {s: signal.signal(s, self._handler) for s in signals}
 

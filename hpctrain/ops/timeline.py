@@ -96,6 +96,7 @@ def merge_and_write(timeline: Timeline, comm: MPI.Comm, path: str, other: dict |
     """Collective: gather every rank's events and write one trace file on rank 0."""
     gathered = timeline.gather(comm)
     if comm.Get_rank() == 0:
+        assert gathered is not None         # the root's
         write_trace(path, gathered, {"world_size": comm.Get_size(), **(other or {})})
         return path
     return None

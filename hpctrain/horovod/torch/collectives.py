@@ -24,7 +24,9 @@ class InFlight:
     __slots__ = ("reqs", "finish", "result", "done", "keep")
 
     def __init__(self, reqs: list, finish: Callable[[], object], keep: tuple = ()):
-        self.reqs, self.finish, self.result, self.done, self.keep = reqs, finish, None, False, keep
+        self.reqs, self.done, self.keep = reqs, False, keep
+        self.finish: Callable[[], object] | None = finish      # None once run (by wait)
+        self.result: object = None
 
     def poll(self) -> bool:
         if not self.done:

@@ -160,10 +160,12 @@ class Coordinator:
                          f"{self.abort_s:.0f} s (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS); ending the job")
                 self._fail(error, speak=True)
             pause()
-        for r, s in enumerate(sigs):
+        got = [s for s in sigs if s is not None]
+        assert len(got) == self.size            # none missing
+        for r, s in enumerate(got):
             if s.kind == "join" and r not in self._join_order:
                 self._join_order.append(r)
-        verdict = judge(sigs, self.refuse_joined)
+        verdict = judge(got, self.refuse_joined)
         if verdict.error is None and len(verdict.joined) == self.size:
             verdict = verdict._replace(last_joined=self._join_order[-1])
             self._join_order = []

@@ -364,6 +364,7 @@ def _mirror(verdict) -> None:
     op = {v: k for k, v in B.OP_NAMES.items()}.get(sig.op, Sum)
     dtype = getattr(torch, sig.dtype.split(",")[0]) if sig.dtype else None
     if sig.kind == "allreduce":
+        assert dtype is not None            # an allreduce's signature names its tensor's dtype
         t = B.neutral(op, dtype, sig.shape)
         C.post_allreduce(comm, t, t, op).wait()
     elif sig.kind == "grouped_allreduce":
