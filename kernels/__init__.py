@@ -22,6 +22,7 @@ GPU; `backend()` says which path is live and why. CuPy is the optional extra
 import numbers
 
 from . import _args, _runtime, fp16_pack, fp16_unpack, lars_step, sq_norms
+from ._runtime import Array
 
 __all__ = [
     "SOURCES", "backend", "lars_update", "multi_tensor_sq_norms", "pack_fp16", "unpack_fp16",
@@ -36,24 +37,24 @@ SOURCES = {
 """Every CUDA source by kernel name (compiled offline by tests/kernels/test_compile.py)."""
 
 
-def backend():
+def backend() -> tuple[str, str]:
     """`("cuda" | "cpu", reason)`: whether CUDA arrays would run the CuPy kernels."""
     cupy, reason = _runtime.probe()
     return ("cuda" if cupy is not None else "cpu"), reason
 
 
-def _use_cuda(kind):
+def _use_cuda(kind) -> bool:
     if kind == "cuda-array":
         _runtime.require_cupy()
         return True
     return kind == "torch-cuda" and _runtime.probe()[0] is not None
 
 
-def _as_numpy(result, kind):
+def _as_numpy(result, kind) -> Array:
     return result.numpy() if kind == "numpy" else result
 
 
-def pack_fp16(tensors, out, scale=1.0):
+def pack_fp16(tensors, out, scale=1.0) -> Array:
     """Write `tensors` (fp32, contiguous) x `scale` into `out` (fp16, 1-D, length = total).
 
     Scaling happens in fp32 before rounding. Returns the overflow flag: a 0-d bool array on
@@ -72,7 +73,7 @@ def pack_fp16(tensors, out, scale=1.0):
     return _as_numpy(flag, kind)
 
 
-def unpack_fp16(buf, tensors, scale=1.0, accumulate=False):
+def unpack_fp16(buf, tensors, scale=1.0, accumulate=False) -> None:
     """Write `buf` (fp16, 1-D) x `scale` into `tensors` (fp32, contiguous), in place.
 
     With `accumulate=True` the scaled values are added to the tensors' contents instead.
@@ -90,7 +91,7 @@ def unpack_fp16(buf, tensors, scale=1.0, accumulate=False):
                           accumulate)
 
 
-def multi_tensor_sq_norms(tensors):
+def multi_tensor_sq_norms(tensors) -> tuple[Array, Array]:
     """`(per_tensor_sq, global_norm)` of fp32 tensors with fp32 accumulation.
 
     `per_tensor_sq[i]` is sum(tensors[i] ** 2) (LARS takes its square root); `global_norm` is
@@ -109,7 +110,7 @@ def multi_tensor_sq_norms(tensors):
     return _as_numpy(per_tensor_sq, kind), _as_numpy(global_norm, kind)
 
 
-def lars_update(params, grads, momentum_buffers, step, weight_decay, momentum, nesterov=False):
+def lars_update(params, grads, momentum_buffers, step, weight_decay, momentum, nesterov=False) -> None:
     """In place: `u = step[t]*(g + weight_decay*w); v = momentum*v + u; w -= v`
     (nesterov: `w -= u + momentum*v`) for every tensor t.
 

@@ -6,9 +6,10 @@ import numpy as np
 import torch
 
 from . import _runtime
+from ._runtime import Array
 
 
-def family(x):
+def family(x) -> str:
     """'torch' (CPU tensor), 'torch-cuda', 'numpy' or 'cuda-array' (CuPy and alike)."""
     if isinstance(x, torch.Tensor):
         return "torch-cuda" if x.is_cuda else ("torch" if x.device.type == "cpu" else x.device.type)
@@ -19,7 +20,7 @@ def family(x):
     raise TypeError(f"expected a torch tensor, NumPy or CuPy array, got {type(x).__name__}")
 
 
-def common_family(arrays, what):
+def common_family(arrays, what) -> str:
     if all(isinstance(a, torch.Tensor) for a in arrays):  # fast path: one device query per device
         kinds = {family(a) for a in {a.device: a for a in arrays}.values()}
     else:
@@ -29,23 +30,23 @@ def common_family(arrays, what):
     return kinds.pop()
 
 
-def dtype_name(x):
+def dtype_name(x) -> str:
     return str(x.dtype).removeprefix("torch.")
 
 
-def check_dtype(x, name, what):
+def check_dtype(x, name, what) -> None:
     if dtype_name(x) != name:
         raise TypeError(f"{what} must be {name}, got {dtype_name(x)}")
 
 
-def is_contiguous(x):
+def is_contiguous(x) -> bool:
     return x.is_contiguous() if isinstance(x, torch.Tensor) else bool(x.flags.c_contiguous)
 
 
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
 
-def check_tensors(tensors, dtype, what):
+def check_tensors(tensors, dtype, what) -> None:
     want = _TORCH_DTYPES[dtype]
     for i, t in enumerate(tensors):
         if isinstance(t, torch.Tensor) and t.dtype is want and t.is_contiguous():
@@ -55,7 +56,7 @@ def check_tensors(tensors, dtype, what):
             raise ValueError(f"{what}[{i}] must be contiguous")
 
 
-def check_flat(buf, dtype, total, what):
+def check_flat(buf, dtype, total, what) -> None:
     check_dtype(buf, dtype, what)
     if len(buf.shape) != 1 or not is_contiguous(buf):
         raise ValueError(f"{what} must be a contiguous 1-D array, got shape {tuple(buf.shape)}")
@@ -63,7 +64,7 @@ def check_flat(buf, dtype, total, what):
         raise ValueError(f"{what} has {_runtime.n_elems(buf)} elements, tensors hold {total}")
 
 
-def check_one_device(arrays, what):
+def check_one_device(arrays, what) -> None:
     found = {a.device if isinstance(a, torch.Tensor) else str(a.device)  # CuPy: by name
              for a in arrays if hasattr(a, "device")}
     devices = {str(d) for d in found}
@@ -71,10 +72,10 @@ def check_one_device(arrays, what):
         raise ValueError(f"{what}: arrays on several devices {sorted(devices)}")
 
 
-def total_elems(tensors):
+def total_elems(tensors) -> int:
     return sum(_runtime.n_elems(t) for t in tensors)
 
 
-def as_torch(x):
+def as_torch(x) -> Array:
     """Zero-copy torch view of a NumPy array (torch tensors pass through)."""
     return torch.from_numpy(x) if isinstance(x, np.ndarray) else x

@@ -17,6 +17,8 @@ decided in `_cupy_view_of`. No DLPack hop is used (raw addresses), so `cupy.from
 """
 import contextlib
 import functools
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,6 +30,10 @@ INSTALL_HINT = ("pip install 'hpctrain[cuda]' (cupy-cuda12x, CUDA 12 drivers) or
                 "'hpctrain[cuda13]' (cupy-cuda13x, CUDA 13 drivers)")
 MIN_CUPY_MAJOR = 12
 _TABLE_CACHE_LEN = 32
+
+Array = Any
+"""A torch tensor, NumPy array or CuPy array, as the kernels take and return them (CuPy has no
+type stubs, so to mypy the union is Any)."""
 
 
 def cupy_major(version: str) -> int:
@@ -47,7 +53,7 @@ def cuda_runtime_version(cupy) -> str:
 
 
 @functools.lru_cache(maxsize=1)
-def probe():
+def probe() -> tuple[Any, str]:
     """Return `(cupy module or None, reason)`; never raises, never prints."""
     try:
         import cupy
@@ -66,7 +72,7 @@ def probe():
     return cupy, f"cupy {cupy.__version__} (CUDA {cuda_runtime_version(cupy)}), {n_devices} CUDA device(s)"
 
 
-def require_cupy():
+def require_cupy() -> Any:
     """CuPy, or ImportError naming the extra to install."""
     cupy, reason = probe()
     if cupy is None:
@@ -77,7 +83,7 @@ def require_cupy():
 _FUNCTIONS: dict[tuple[str, int], object] = {}    # (name, device id) -> cupy RawKernel
 
 
-def function(source, name):
+def function(source, name) -> Any:
     """The compiled kernel `name` from `source` for the current device, compiled once."""
     cupy = require_cupy()
     key = (name, cupy.cuda.Device().id)
@@ -88,27 +94,27 @@ def function(source, name):
     return fn
 
 
-def is_cuda_array(x):
+def is_cuda_array(x) -> bool:
     """A CUDA tensor or a CuPy (or other `__cuda_array_interface__`) array."""
     if isinstance(x, torch.Tensor):
         return x.is_cuda
     return hasattr(x, "__cuda_array_interface__")
 
 
-def address(x):
+def address(x) -> int:
     return x.data_ptr() if isinstance(x, torch.Tensor) else x.data.ptr
 
 
-def n_elems(x):
+def n_elems(x) -> int:
     return x.numel() if isinstance(x, torch.Tensor) else int(x.size)
 
 
-def device_id(x):
+def device_id(x) -> int:
     return x.device.index if isinstance(x, torch.Tensor) else x.device.id
 
 
 @contextlib.contextmanager
-def launch_scope(sample):
+def launch_scope(sample) -> Iterator[Any]:
     """Make `sample`'s device current and, for torch, torch's current stream CuPy's stream."""
     cupy = require_cupy()
     dev = device_id(sample)
@@ -120,7 +126,7 @@ def launch_scope(sample):
             yield cupy
 
 
-def _cupy_view_of(torch_stream, dev, cupy=None):
+def _cupy_view_of(torch_stream, dev, cupy=None) -> Any:
     """A CuPy stream for a torch stream: the CUDA stream protocol where both sides have it
     (CuPy >= 14 `Stream.from_external`, torch's `__cuda_stream__`), else `ExternalStream(ptr,
     device)` (CuPy 12 and 13; deprecated in 14, still there)."""
@@ -137,10 +143,10 @@ def _cupy_view_of(torch_stream, dev, cupy=None):
     return external(torch_stream.cuda_stream, dev)
 
 
-_TABLES: dict[tuple, tuple] = {}
+_TABLES: dict[tuple, Any] = {}     # key -> (table, n_chunks) or an address array
 
 
-def device_table(tensors):
+def device_table(tensors) -> tuple[Any, int]:
     """`(device int64 table, n_chunks)` for `tensors`; call inside `launch_scope`.
 
     Cached by (device, stream, addresses, sizes): gradient buffers are stable across steps, so
@@ -161,7 +167,7 @@ def device_table(tensors):
     return hit
 
 
-def device_addresses(arrays):
+def device_addresses(arrays) -> Any:
     """Device int64 array of the arrays' addresses (cached like `device_table`)."""
     cupy = require_cupy()
     addrs = tuple(address(a) for a in arrays)
@@ -175,17 +181,17 @@ def device_addresses(arrays):
     return hit
 
 
-def launch(fn, n_blocks, args):
+def launch(fn, n_blocks, args) -> None:
     """Launch `fn` with one block per chunk on the current CuPy stream (no-op for 0 blocks)."""
     if n_blocks > 0:
         fn((n_blocks,), (BLOCK_THREADS,), args)
 
 
-def ptr_arg(x):
+def ptr_arg(x) -> np.uint64:
     return np.uint64(address(x))
 
 
-def zeros(like, shape, dtype):
+def zeros(like, shape, dtype) -> Array:
     """Zeroed device array in `like`'s type (torch or CuPy) on its device and current stream.
 
     Results are allocated by the caller's library, so they come back without a DLPack hop and

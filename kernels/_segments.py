@@ -7,9 +7,10 @@ BatchNorm and bias tensors of a few hundred elements) to one op per run. Measure
 1 thread): 32 tensors of 8 K elements 538 us without runs, 287 us with; tensors of 32-120 K
 elements cost the same either way, so the default gathers everything below a chunk.
 """
+from collections.abc import Iterator
 
 
-def segments(tensors, chunk_elems, run_below=None):
+def segments(tensors, chunk_elems, run_below=None) -> Iterator[tuple[int, int, list]]:
     """Yield `(offset, n_elems, parts)`: `parts` are 1-D views covering buffer[offset:offset+n]."""
     run_below = chunk_elems if run_below is None else run_below
     offset = 0

@@ -7,7 +7,7 @@ import numpy as np
 from ._prelude import CHUNK_ELEMS
 
 
-def build_table(addresses, n_elems, chunk_elems=CHUNK_ELEMS):
+def build_table(addresses, n_elems, chunk_elems=CHUNK_ELEMS) -> tuple[np.ndarray, int]:
     """Return `(table int64[4n + c], n_chunks)` for tensors at `addresses` with `n_elems` each.
 
     Empty tensors get no chunk (the kernels never see them), so `n_chunks` may be 0.
@@ -28,7 +28,7 @@ def build_table(addresses, n_elems, chunk_elems=CHUNK_ELEMS):
     return table, n_chunks
 
 
-def decode_chunk(table, n_tensors, chunk, chunk_elems=CHUNK_ELEMS):
+def decode_chunk(table, n_tensors, chunk, chunk_elems=CHUNK_ELEMS) -> tuple[int, int, int]:
     """Python mirror of `hpc_chunk` in the CUDA prelude: `(tensor, begin, end)` of one chunk."""
     entry = int(table[4 * n_tensors + chunk])
     tensor = entry >> 32

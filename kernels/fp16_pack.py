@@ -6,10 +6,13 @@ so a value that only overflows after scaling is flagged and one that `scale < 1`
 range is not. The flag is "any inf/NaN in `out`" (|x * scale| >= 65520 rounds to inf), stays on
 the device, and costs no host synchronisation.
 """
+from collections.abc import Iterator
+
 import numpy as np
 import torch
 
 from . import _runtime
+from ._runtime import Array
 from ._prelude import PRELUDE
 from ._segments import segments
 
@@ -42,7 +45,7 @@ threshold under round-to-nearest-even), even allowing 50% rounding error in the 
 error is below n * 2**-24 < 1% for a chunk). NaN and inf sums fail the test too."""
 
 
-def nonfinite_flag(buf):
+def nonfinite_flag(buf) -> torch.Tensor:
     """0-d bool tensor: does `buf` hold inf or NaN? One read pass, no host sync.
 
     `aminmax` propagates NaN and sees both infinities; it is ~30x faster on CPU fp16 than
@@ -54,7 +57,7 @@ def nonfinite_flag(buf):
     return ~(torch.isfinite(lo) & torch.isfinite(hi))
 
 
-def _pack_chunks(tensors, out, scale):
+def _pack_chunks(tensors, out, scale) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Write `out` segment by segment; yield each `(scaled fp32 values, fp16 values)` written."""
     scratch = torch.empty(min(CHUNK_ELEMS_CPU, out.numel()), dtype=torch.float32, device=out.device)
     for offset, n, parts in segments(tensors, CHUNK_ELEMS_CPU):
@@ -73,7 +76,7 @@ def _pack_chunks(tensors, out, scale):
 
 
 @torch.no_grad()
-def reference(tensors, out, scale):
+def reference(tensors, out, scale) -> torch.Tensor:
     """torch reference (any device): returns a 0-d bool tensor on `out`'s device.
 
     On the CPU each chunk is screened while in cache with one BLAS `dot` (sum of squares below
@@ -93,7 +96,7 @@ def reference(tensors, out, scale):
     return torch.tensor(overflow)
 
 
-def cuda(tensors, out, scale):
+def cuda(tensors, out, scale) -> Array:
     """One launch for all tensors; returns a 0-d bool array on `out`'s device."""
     with _runtime.launch_scope(out):
         flag = _runtime.zeros(out, (), "bool")

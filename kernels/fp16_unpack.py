@@ -33,7 +33,7 @@ CHUNK_ELEMS_CPU = 1 << 17
 
 
 @torch.no_grad()
-def reference(buf, tensors, scale, accumulate=False):
+def reference(buf, tensors, scale, accumulate=False) -> None:
     """torch reference (any device); writes `tensors` in place and returns None."""
     scale = float(scale)
     scratch = torch.empty(min(CHUNK_ELEMS_CPU, buf.numel()), dtype=torch.float32, device=buf.device)
@@ -57,7 +57,7 @@ def reference(buf, tensors, scale, accumulate=False):
             torch._foreach_copy_(parts, pieces)
 
 
-def cuda(buf, tensors, scale, accumulate=False):
+def cuda(buf, tensors, scale, accumulate=False) -> None:
     """One launch for all tensors, on the caller's stream; returns None."""
     with _runtime.launch_scope(buf):
         table, n_chunks = _runtime.device_table(tensors)

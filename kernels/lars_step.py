@@ -41,7 +41,7 @@ extern "C" __global__ void hpc_lars_update(const hpc_i64* table, int n_tensors,
 """
 
 
-def _axpy_(ys, xs, a):
+def _axpy_(ys, xs, a) -> None:
     """ys += a * xs; `a` a float or a list of 0-d tensors (kept on the device)."""
     if isinstance(a, list):
         torch._foreach_addcmul_(ys, xs, a)
@@ -50,7 +50,7 @@ def _axpy_(ys, xs, a):
 
 
 @torch.no_grad()
-def reference(params, grads, momentum_buffers, step, weight_decay, momentum, nesterov=False):
+def reference(params, grads, momentum_buffers, step, weight_decay, momentum, nesterov=False) -> None:
     """torch reference (any device); updates `params` and `momentum_buffers` in place."""
     if not params:
         return
@@ -73,7 +73,7 @@ def reference(params, grads, momentum_buffers, step, weight_decay, momentum, nes
     torch._foreach_add_(params, momentum_buffers, alpha=-momentum)
 
 
-def _reference_cpu(params, grads, bufs, step, weight_decay, momentum, nesterov):
+def _reference_cpu(params, grads, bufs, step, weight_decay, momentum, nesterov) -> None:
     """CPU: steps as Python floats (reading them costs no device sync here), so each update is
     an `add_(alpha=float)`, which runs 2x faster than `addcmul_` with a 0-d tensor."""
     steps = step.tolist() if isinstance(step, torch.Tensor) else [float(step)] * len(params)
@@ -89,7 +89,7 @@ def _reference_cpu(params, grads, bufs, step, weight_decay, momentum, nesterov):
         w.add_(g, alpha=-s).add_(v, alpha=-momentum)
 
 
-def cuda(params, grads, momentum_buffers, step, weight_decay, momentum, nesterov=False):
+def cuda(params, grads, momentum_buffers, step, weight_decay, momentum, nesterov=False) -> None:
     """One launch for all tensors on the caller's stream."""
     with _runtime.launch_scope(params[0]):
         table, n_chunks = _runtime.device_table(params)

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from typing import Any
 
 TARGETS = ("compute_70", "compute_80", "compute_90", "sm_80", "sm_90")
 """PTX for V100/A100/H100 and cubins for A100/H100."""
@@ -25,18 +26,18 @@ BENIGN_LOG_LINES = (
 class CompileError(RuntimeError):
     """A source failed to compile or compiled with warnings; `log` holds the compiler output."""
 
-    def __init__(self, message, log):
+    def __init__(self, message, log) -> None:
         super().__init__(f"{message}\n{log}")
         self.log = log
 
 
-def significant_log(log):
+def significant_log(log) -> str:
     """The compiler log without blank and known-benign lines: non-empty means failure."""
     lines = [ln for ln in log.splitlines() if ln.strip() and ln.strip() not in BENIGN_LOG_LINES]
     return "\n".join(lines)
 
 
-def nvrtc_status():
+def nvrtc_status() -> tuple[Any, str]:
     """`(nvrtc module or None, reason)`."""
     try:
         from cupy.cuda import nvrtc
@@ -49,11 +50,11 @@ def nvrtc_status():
     return nvrtc, f"NVRTC {version[0]}.{version[1]}"
 
 
-def nvcc_path():
+def nvcc_path() -> str | None:
     return shutil.which("nvcc")
 
 
-def compile_nvrtc(source, name, target):
+def compile_nvrtc(source, name, target) -> bytes:
     """PTX (compute_XX) or cubin (sm_XX) bytes; CompileError on any error or warning."""
     nvrtc, reason = nvrtc_status()
     if nvrtc is None:
@@ -73,7 +74,7 @@ def compile_nvrtc(source, name, target):
         nvrtc.destroyProgram(prog)
 
 
-def nvcc_targets(nvcc):
+def nvcc_targets(nvcc) -> set[str]:
     """Targets this nvcc accepts (CUDA 13 dropped compute_70)."""
     found = set()
     for flag in ("--list-gpu-arch", "--list-gpu-code"):
@@ -82,7 +83,7 @@ def nvcc_targets(nvcc):
     return found
 
 
-def compile_nvcc(source, name, target, nvcc=None):
+def compile_nvcc(source, name, target, nvcc=None) -> bytes:
     """Same contract as `compile_nvrtc`, through `nvcc -Werror all-warnings`."""
     nvcc = nvcc or nvcc_path()
     if nvcc is None:
@@ -103,7 +104,7 @@ def compile_nvcc(source, name, target, nvcc=None):
             return fh.read()
 
 
-def main(argv=None):
+def main(argv=None) -> int:
     """Compile every kernel for every target; exit 1 if any fails."""
     parser = argparse.ArgumentParser(prog="python -m kernels.offline_compile",
                                      description=__doc__.splitlines()[0])

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from . import _runtime
+from ._runtime import Array
 from ._prelude import PRELUDE
 
 KERNEL_NAME = "hpc_sq_norms"
@@ -52,7 +53,7 @@ extern "C" __global__ void hpc_sq_norms(const hpc_i64* table, int n_tensors, int
 
 
 @torch.no_grad()
-def reference(tensors):
+def reference(tensors) -> tuple[torch.Tensor, torch.Tensor]:
     """torch reference (any device): `(per_tensor_sq float32[n], global_norm float32 0-d)`."""
     if not tensors:
         return torch.zeros(0, dtype=torch.float32), torch.zeros((), dtype=torch.float32)
@@ -60,7 +61,7 @@ def reference(tensors):
     return per_tensor_sq, per_tensor_sq.sum().sqrt()
 
 
-def cuda(tensors):
+def cuda(tensors) -> tuple[Array, Array]:
     """One launch; results on the tensors' device in the caller's array type."""
     sample = tensors[0]
     with _runtime.launch_scope(sample):
