@@ -9,6 +9,8 @@
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from mpi4py import MPI
 
@@ -94,7 +96,8 @@ def shard_loader(directory: str, topology: Topology, batch_size: int, *, split: 
                        seed=seed, **options)
 
 
-def shard_eval_batches(directory: str, topology: Topology, batch_size: int = 256, split: str = "test"):
+def shard_eval_batches(directory: str, topology: Topology, batch_size: int = 256,
+                       split: str = "test") -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """This rank's contiguous share of an evaluation split."""
     shards = ShardSet(read_index(directory), split, comm=topology.comm, driver="serial")
     return eval_batches(shards, rank=topology.rank, size=topology.size, batch_size=batch_size)

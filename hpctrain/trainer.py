@@ -15,7 +15,7 @@ DDP's ``broadcast_buffers=True`` does (one small collective per step).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -100,7 +100,7 @@ class DistributedTrainer:
                    schedule=schedule, loss_fn=make_criterion(cfg.optim.label_smoothing),
                    compute=cfg.precision.compute, scaler=LossScaler.from_config(cfg.precision), timer=timer)
 
-    def autocast(self):
+    def autocast(self) -> contextlib.AbstractContextManager:
         """Mixed-precision compute context (FP32 master weights stay in the optimiser)."""
         dtype = AUTOCAST_DTYPES[self.compute]
         if dtype is None:
@@ -111,7 +111,7 @@ class DistributedTrainer:
     def lr(self) -> float | None:
         return lr_at(self.step_count, self.schedule) if self.schedule is not None else None
 
-    def step(self, x: torch.Tensor, y: torch.Tensor):
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> sync_lib.StepResult:
         """One training step on this rank's share of the global batch; returns a StepResult."""
         lr = self.lr()
         if lr is not None:
@@ -139,7 +139,7 @@ class DistributedTrainer:
         self.sync_buffers()
 
     @contextlib.contextmanager
-    def evaluation(self):
+    def evaluation(self) -> Iterator[nn.Module]:
         """Collective: ``with trainer.evaluation(): ...`` scores the same model on every rank
         (:meth:`finish`, then ``model.eval()``; training mode is restored afterwards)."""
         self.finish()

@@ -169,7 +169,8 @@ class ShardLoader:
             self._bufs[key] = (x, np.empty(capacity, np.int64))
         return self._bufs[key]
 
-    def window_batches(self, epoch: int, skip: int = 0, rank: int | None = None):
+    def window_batches(self, epoch: int, skip: int = 0,
+                       rank: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """``rank``'s batches as ``(x_window, y_window, indices)``: valid until the next item.
 
         The runs are read straight into a reused window buffer (``read_direct``); each batch is a
@@ -210,12 +211,14 @@ class ShardLoader:
         if pos:
             yield rng.permutation(pos) if self.shuffle_window else np.arange(pos)
 
-    def raw_batches(self, epoch: int, skip: int = 0, rank: int | None = None):
+    def raw_batches(self, epoch: int, skip: int = 0,
+                    rank: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """``rank``'s batches as read from the shards (encoded for JPEG), window-shuffled."""
         for xw, yw, idx in self.window_batches(epoch, skip, rank):
             yield xw[idx], yw[idx]
 
-    def decoded_batches(self, epoch: int, skip: int = 0, rank: int | None = None):
+    def decoded_batches(self, epoch: int, skip: int = 0,
+                        rank: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Like :meth:`raw_batches`, with JPEG samples decoded to ``sample_shape`` uint8."""
         jpeg = self.shards.index.encoding == "jpeg"
         shape = tuple(self.shards.index.sample_shape)
@@ -311,7 +314,8 @@ class ShardLoader:
             self.owns_shards = False
 
 
-def eval_batches(shards: ShardSet, *, rank: int, size: int, batch_size: int, raw: bool = False):
+def eval_batches(shards: ShardSet, *, rank: int, size: int, batch_size: int,
+                 raw: bool = False) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """This rank's contiguous share of an evaluation split, in order; last batch may be short.
 
     With ``raw`` the samples come as stored, pinned when CUDA is available, for

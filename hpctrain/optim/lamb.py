@@ -18,6 +18,8 @@ pitfall in docs/large-batch.md does not arise). Gradients are not clipped or pre
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch.optim import Optimizer
 
@@ -38,7 +40,7 @@ class LAMB(Optimizer):
                                       exclude_1d=exclude_1d, lr_1d_scale=lr_1d_scale))
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]  # torch's overloads split by closure
         loss = None
         if closure is not None:
             with torch.enable_grad():

@@ -153,7 +153,7 @@ class LARS(Optimizer):
         return bool(self.fused_update) or params[0].is_cuda
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]  # torch's overloads split by closure
         loss = None
         if closure is not None:
             with torch.enable_grad():

@@ -6,6 +6,8 @@ accumulation, only what crosses the network is compressed; :mod:`hpctrain.comm.c
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 
@@ -13,11 +15,11 @@ class Compressor:
     """Interface for compressing and decompressing a tensor (Horovod's)."""
 
     @staticmethod
-    def compress(tensor):
+    def compress(tensor) -> tuple[torch.Tensor, Any]:
         raise NotImplementedError
 
     @staticmethod
-    def decompress(tensor, ctx):
+    def decompress(tensor, ctx) -> torch.Tensor:
         raise NotImplementedError
 
 
@@ -27,11 +29,11 @@ class NoneCompressor(Compressor):
     wire = "none"
 
     @staticmethod
-    def compress(tensor):
+    def compress(tensor) -> tuple[torch.Tensor, Any]:
         return tensor, None
 
     @staticmethod
-    def decompress(tensor, ctx):
+    def decompress(tensor, ctx) -> torch.Tensor:
         return tensor
 
 
@@ -41,13 +43,13 @@ class FP16Compressor(Compressor):
     wire = "fp16"
 
     @staticmethod
-    def compress(tensor):
+    def compress(tensor) -> tuple[torch.Tensor, Any]:
         if tensor.dtype.is_floating_point:
             return tensor.type(torch.float16), tensor.dtype
         return tensor, tensor.dtype
 
     @staticmethod
-    def decompress(tensor, ctx):
+    def decompress(tensor, ctx) -> torch.Tensor:
         return tensor.type(ctx) if ctx is not None and ctx.is_floating_point else tensor
 
 

@@ -11,6 +11,7 @@ every rank alike.
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import torch
 
@@ -66,7 +67,7 @@ def broadcast_optimizer_state(optimizer, root_rank: int, model=None, process_set
         optimizer.load_state_dict(sd)
 
 
-def broadcast_object(obj, root_rank: int = 0, name=None, process_set=global_process_set):
+def broadcast_object(obj, root_rank: int = 0, name=None, process_set=global_process_set) -> Any:
     """``root_rank``'s ``obj`` (pickled) on every rank."""
     check_process_set(process_set)
     agree(Sig("broadcast_object", name or state().auto_name("broadcast_object"), root=int(root_rank)))

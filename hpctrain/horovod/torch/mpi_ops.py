@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import warnings
+from typing import Any
 
 import torch
 
@@ -87,7 +88,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-               postscale_factor=1.0, process_set=global_process_set):
+               postscale_factor=1.0, process_set=global_process_set) -> torch.Tensor:
     """In-place :func:`allreduce`."""
     return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
                                         postscale_factor, process_set))
@@ -108,7 +109,7 @@ class _Allreduce(torch.autograd.Function):
 
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
-              prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+              prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set) -> torch.Tensor:
     """The average (or ``op``) of ``tensor`` over all ranks, as a new tensor; differentiable."""
     op = _op(op, average)
     compressed, ctx = compression.compress(tensor)
@@ -145,7 +146,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
 
 
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
-                      prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+                      prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set) -> list[torch.Tensor]:
     """:func:`allreduce` of a list of tensors, fused into one reduction per dtype."""
     op = _op(op, average)
     pairs = [compression.compress(t) for t in tensors]
@@ -155,7 +156,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                       postscale_factor=1.0, process_set=global_process_set):
+                       postscale_factor=1.0, process_set=global_process_set) -> list[torch.Tensor]:
     return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
                                                 postscale_factor, process_set))
 
@@ -189,7 +190,7 @@ class _Allgather(torch.autograd.Function):
         return reduced.narrow(0, sum(ctx.rows[:r]), ctx.rows[r]), None, None
 
 
-def allgather(tensor, name=None, process_set=global_process_set):
+def allgather(tensor, name=None, process_set=global_process_set) -> torch.Tensor:
     """Every rank's ``tensor`` concatenated along dimension 0; differentiable."""
     return _Allgather.apply(tensor, name, process_set)
 
@@ -213,7 +214,7 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_se
     return _broadcast_async(tensor, tensor, root_rank, name, process_set)
 
 
-def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set) -> torch.Tensor:
     """Overwrite ``tensor`` with ``root_rank``'s, in place."""
     return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
@@ -232,7 +233,7 @@ class _Broadcast(torch.autograd.Function):
         return reduced, None, None, None
 
 
-def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set) -> torch.Tensor:
     """``root_rank``'s ``tensor`` on every rank, as a new tensor; differentiable."""
     return _Broadcast.apply(tensor, root_rank, name, process_set)
 
@@ -277,7 +278,8 @@ class _Alltoall(torch.autograd.Function):
         return back, None, None, None
 
 
-def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+def alltoall(tensor, splits=None, name=None,
+             process_set=global_process_set) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Rows of ``tensor`` scattered to every rank (equal shares, or ``splits``), rows from every
     rank gathered; with ``splits`` also the rows received from each rank. Differentiable."""
     output, received = _Alltoall.apply(tensor, splits, name, process_set)
@@ -316,7 +318,7 @@ class _Reducescatter(torch.autograd.Function):
 
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
-                  process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+                  process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0) -> torch.Tensor:
     """Reduce ``tensor`` over ranks and keep this rank's rows (the first ``rows % size`` ranks
     one row more); differentiable."""
     compressed, ctx = compression.compress(tensor)
@@ -333,7 +335,7 @@ def poll(handle: int) -> bool:
     return _handles[handle].poll()
 
 
-def synchronize(handle: int):
+def synchronize(handle: int) -> Any:
     """Wait for the collective behind ``handle`` and return its result (None for an unknown handle,
     as Horovod)."""
     op = _handles.pop(handle, None)

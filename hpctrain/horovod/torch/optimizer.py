@@ -17,6 +17,8 @@ import hashlib
 import os
 import sys
 import warnings
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -150,12 +152,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
             p.grad = None
         self._sync.allreduce_grads()
 
-    def skip_synchronize(self):
+    def skip_synchronize(self) -> _SkipSynchronize:
         """``with optimizer.skip_synchronize(): optimizer.step()`` after an explicit
         :meth:`synchronize` (e.g. to clip or unscale the averaged gradients first)."""
         return _SkipSynchronize(self)
 
-    def step(self, closure=None):
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]  # torch's overloads split by closure
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context "
@@ -173,7 +175,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                  "it can cause a race condition.")
         self._inner.zero_grad(set_to_none=set_to_none)
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         return self._inner.state_dict()
 
     def load_state_dict(self, state_dict) -> None:

@@ -2,6 +2,8 @@
 (or nothing); any other set is refused with one line (run one job per group of ranks)."""
 from __future__ import annotations
 
+from typing import NoReturn
+
 from hpctrain.horovod.torch.errors import unsupported
 
 
@@ -39,10 +41,10 @@ def check_process_set(process_set) -> None:
                           "run one job per group of ranks")
 
 
-def add_process_set(process_set):
+def add_process_set(process_set) -> NoReturn:
     raise unsupported("add_process_set", "run one job per group of ranks, or pass an mpi4py "
                       "communicator to hvd.init(comm=...)")
 
 
-def remove_process_set(process_set):
+def remove_process_set(process_set) -> NoReturn:
     raise unsupported("remove_process_set", "process sets are not supported")
