@@ -155,8 +155,9 @@ def newest_valid(directory: str, warn=None, run_id: str | None = None) -> tuple[
             if warn:
                 warn(f"{exc}; falling back to the previous checkpoint")
     if foreign:
-        other = (read_header(foreign) or {}).get("run_id")    # {}: unreadable since of_run read it
-        raise CheckpointError(f"checkpoint {foreign} belongs to run {other}, not to "
+        other = (read_header(foreign) or {}).get("run_id")    # None: gone or unreadable since of_run
+        who = f"run {other}" if other else "another run"
+        raise CheckpointError(f"checkpoint {foreign} belongs to {who}, not to "
                               f"this run ({run_id}) and this run has none: resume it by path "
                               f"(--resume {foreign}) or start afresh (--resume none)")
     return None

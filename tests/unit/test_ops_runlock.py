@@ -101,6 +101,23 @@ def test_auto_takes_only_this_runs_checkpoints_and_refuses_another_runs(tmp_path
     assert ck.newest_valid(d, run_id="cccc")[0].endswith(ck.checkpoint_name(1))
 
 
+def test_refusal_survives_the_other_runs_checkpoint_vanishing(tmp_path, monkeypatch):
+    """The refusal reads the other run's header again for its message: a checkpoint deleted in
+    between (that run's prune) still gives the one-line CheckpointError (was an AttributeError)."""
+    d = str(tmp_path)
+    _write(d, 30, "aaaa")
+    real_of_run = ck.of_run
+
+    def of_run_then_deleted(path, run_id):
+        verdict = real_of_run(path, run_id)
+        os.unlink(path)
+        return verdict
+    monkeypatch.setattr(ck, "of_run", of_run_then_deleted)
+    with pytest.raises(ck.CheckpointError, match=rf"checkpoint {d}/{ck.checkpoint_name(30)} belongs to another "
+                                                 r"run, not to this run \(cccc\)"):
+        ck.newest_valid(d, run_id="cccc")
+
+
 def test_prune_leaves_another_runs_checkpoints(tmp_path):
     d = str(tmp_path)
     for step in (10, 20):
