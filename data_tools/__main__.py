@@ -7,13 +7,13 @@ import argparse
 import os
 import sys
 
-from data_tools.sources import (MAX_CLASSES, MAX_SAMPLE_BYTES, SOURCES, STORE_DTYPES, SourceError, cast_source,
-                                check_sample_bytes, register_all)
+from data_tools.readers import SOURCES
+from data_tools.sources import (MAX_CLASSES, MAX_SAMPLE_BYTES, STORE_DTYPES, SourceError, cast_source,
+                                check_sample_bytes)
 from hpctrain.data.index import BLOCK_BYTES, BLOCK_DIGEST, BLOCK_DIGESTS, ShardError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    register_all()
     ap = argparse.ArgumentParser(prog="python -m data_tools", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)

@@ -16,20 +16,15 @@ rank(s), unless a loss scaler skipped the step (:mod:`hpctrain.sync.guard`).
 """
 from __future__ import annotations
 
-from hpctrain.sync.base import StepResult, UpdateAlgorithm
+from hpctrain.sync.base import ALGORITHMS, StepResult, UpdateAlgorithm
 from hpctrain.sync.guard import NonFiniteError
 from hpctrain.sync.odsgd import ODSGD
 from hpctrain.sync.ssgd import SSGD
 
-ALGORITHMS = {"ssgd": SSGD, "odsgd": ODSGD}
-
 
 def create(name: str, model, optimizer, grad_sync, **kwargs) -> UpdateAlgorithm:
-    try:
-        cls = ALGORITHMS[name]
-    except KeyError:
-        raise ValueError(f"sync.algorithm: unknown algorithm {name!r} (choose from {', '.join(ALGORITHMS)})") from None
-    return cls(model, optimizer, grad_sync, **kwargs)
+    """Build the algorithm registered as ``name``; a ValueError names the choices."""
+    return ALGORITHMS.get(name)(model, optimizer, grad_sync, **kwargs)
 
 
 def algorithm_options(sync_cfg) -> dict:

@@ -62,7 +62,7 @@ import torch
 from hpctrain.errors import ConfigError
 from hpctrain.ops.metrics import NULL_TIMER, StepTimer
 from hpctrain.optim.loss_scale import all_finite
-from hpctrain.sync.base import StepResult, UpdateAlgorithm, group_lrs
+from hpctrain.sync.base import ALGORITHMS, StepResult, UpdateAlgorithm, group_lrs
 from hpctrain.sync.guard import agreed_overflow
 from hpctrain.sync.ssgd import SSGD
 
@@ -100,9 +100,8 @@ def swap_data_(params, store: list[torch.Tensor]) -> None:
         store[i] = current
 
 
+@ALGORITHMS.register("odsgd")
 class ODSGD(UpdateAlgorithm):
-    name = "odsgd"
-
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_sync, *,
                  warmup_steps: int = 200, local_lr: float = 0.0, local_momentum: float = 0.0,
                  dc_lambda: float = 0.0, scaler=None, timer: StepTimer = NULL_TIMER):
