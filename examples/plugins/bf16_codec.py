@@ -7,13 +7,14 @@ Half the bytes, like ``fp16``, but with fp32's exponent range: a pre-divided gra
 sum never overflows where fp32 would not, at 8 mantissa bits (relative error ~(n+1) 2^-8 for n
 ranks, eight times fp16's). Accumulation is fp16's: each pair of operands is widened into fp32
 scratch, added there and rounded once (:class:`~hpctrain.comm.compression.FP16Compression`'s
-``reduce`` does not depend on the wire dtype), so only the format-specific parts are here.
+``reduce`` does not depend on the wire dtype) and packing is :class:`NoCompression`'s copy into a
+buffer of another dtype, so only the format itself is written here.
 """
 from __future__ import annotations
 
 import torch
 
-from hpctrain.comm.compression import COMPRESSIONS, FP16Compression
+from hpctrain.comm.compression import COMPRESSIONS, FP16Compression, NoCompression
 
 
 @COMPRESSIONS.register("bf16")
@@ -25,17 +26,7 @@ class BF16Compression(FP16Compression):
     def wire_buffer(self, n_elems: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return torch.empty(n_elems, dtype=torch.bfloat16)
 
-    def pack(self, tensors, wire, scale: float = 1.0) -> None:
-        """``wire <- bf16(scale * t)`` per tensor: the product in fp32, rounded once."""
-        lo = 0
-        for t in tensors:
-            hi = lo + t.numel()
-            wire[lo:hi].copy_(t.reshape(-1) * scale if scale != 1.0 else t.reshape(-1))
-            lo = hi
-
-    def unpack(self, wire, tensors) -> None:
-        lo = 0
-        for t in tensors:
-            hi = lo + t.numel()
-            t.copy_(wire[lo:hi].view_as(t))
-            lo = hi
+    # Gradients <-> wire as plain dtype-converting copies: NoCompression's own loops (torch.mul
+    # into the bf16 buffer computes in fp32 and rounds once).
+    pack = NoCompression.pack
+    unpack = NoCompression.unpack
