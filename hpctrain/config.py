@@ -382,6 +382,16 @@ def field_problem(f: dataclasses.Field, value) -> str | None:
     return None
 
 
+def check_field(section: str, key: str, value) -> None:
+    """Check one value against field ``section.key``'s range or choices, as :func:`validate`
+    does: for a constructor given the value in code (the library API), so the rule is written
+    once, here."""
+    f = next(f for f in dataclasses.fields(getattr(Config(), section)) if f.name == key)
+    problem = field_problem(f, value)
+    if problem:
+        raise ConfigError(f"config {section}.{key}: {problem}")
+
+
 def dir_problem(path: str) -> str | None:
     """Why ``path`` cannot be used (or created) as a directory, or None."""
     p = os.path.abspath(path)
