@@ -14,6 +14,7 @@ from hpctrain.cli import config_from_args
 from hpctrain.config import validate
 from hpctrain.topology import Topology
 
+pytestmark = pytest.mark.usefixtures("plugin_sandbox")   # registrations undone after each test
 NAME = "examples.plugins.bf16_codec:bf16"
 BF16 = torch.bfloat16
 

@@ -1,12 +1,14 @@
 """The worked example of an optimiser plugin (examples/plugins/adamw_optimizer.py,
 docs/development.md): chosen by ``module:name`` in the config, its first step is AdamW's update
 written out by hand: w (1 - lr wd) - lr g / (|g| + eps) (bias-corrected moments are g and g^2)."""
+import pytest
 import torch
 
 from hpctrain.cli import config_from_args
 from hpctrain.config import validate
 from hpctrain.optim import optimizer_from_config
 
+pytestmark = pytest.mark.usefixtures("plugin_sandbox")   # registrations undone after each test
 NAME = "examples.plugins.adamw_optimizer:adamw"
 
 

@@ -11,6 +11,7 @@ from hpctrain.config import ConfigError, validate
 from hpctrain.topology import Topology
 from hpctrain.trainer import DistributedTrainer
 
+pytestmark = pytest.mark.usefixtures("plugin_sandbox")   # registrations undone after each test
 NAME = "examples.plugins.clipped_ssgd:clipped_ssgd"
 
 

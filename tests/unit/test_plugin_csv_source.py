@@ -11,6 +11,7 @@ from data_tools.readers import SOURCES
 from data_tools.sources import SourceError
 from hpctrain.data import ShardSet, read_index
 
+pytestmark = pytest.mark.usefixtures("plugin_sandbox")   # registrations undone after each test
 NAME = "examples.plugins.csv_source:csv"
 
 

@@ -50,7 +50,7 @@ def test_module_colon_name_imports_the_plugin_file(tmp_path, monkeypatch):
         reg.get("no_such_mod_xyz:x")
 
 
-def test_config_accepts_a_plugin_module_and_names_a_bad_one():
+def test_config_accepts_a_plugin_module_and_names_a_bad_one(plugin_sandbox):
     cfg = config_from_args(["--set", "comm.compression=examples.plugins.bf16_codec:bf16", "--run-dir", "/nonexistent/r"])
     validate(cfg)
     cfg = config_from_args(["--set", "comm.compression=examples.plugins.bf16_codec:bf8", "--run-dir", "/nonexistent/r"])
