@@ -7,13 +7,20 @@ import argparse
 import os
 import sys
 
-from data_tools.sources import (MAX_CLASSES, MAX_SAMPLE_BYTES, SOURCES, STORE_DTYPES, SourceError, cast_source,
-                                check_sample_bytes, register_all)
+from data_tools.readers import SOURCES
+from data_tools.sources import (MAX_CLASSES, MAX_SAMPLE_BYTES, STORE_DTYPES, SourceError, cast_source,
+                                check_sample_bytes)
 from hpctrain.data.index import BLOCK_BYTES, BLOCK_DIGEST, BLOCK_DIGESTS, ShardError
 
 
+class _SourceNames(tuple):
+    """``--from`` choices: listed as the registered names, and also ``module:name`` (a plugin)."""
+
+    def __contains__(self, name) -> bool:
+        return name in SOURCES
+
+
 def build_parser() -> argparse.ArgumentParser:
-    register_all()
     ap = argparse.ArgumentParser(prog="python -m data_tools", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -25,7 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("src", nargs="?", help="source file or folder (not needed for digits)")
     c.add_argument("test_src", nargs="?", metavar="TEST_SRC",
                    help="npz only: a second .npz holding the test split (x, y); same as --test-file")
-    c.add_argument("--from", dest="kind", required=True, choices=sorted(SOURCES))
+    c.add_argument("--from", dest="kind", required=True, choices=_SourceNames(sorted(SOURCES)),
+                   help="a registered reader, or package.module:name of a reader file (hpctrain/registry.py)")
     c.add_argument("--out", required=True, help="output shard directory")
     c.add_argument("--shards", type=int, default=1, help="shards per split")
     c.add_argument("--size", type=int, nargs=2, metavar=("H", "W"), help="resize to cover H×W, then centre-crop")

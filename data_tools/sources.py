@@ -1,6 +1,7 @@
 """Source readers: each turns a dataset on disk into a :class:`Source` the writer converts.
 
-A reader is registered by name (``--from NAME``) and returns a :class:`Source`: per split a sample
+A reader is registered by name (``@source("NAME")``, chosen by ``--from NAME``; every reader
+module is listed once, in ``readers.py``) and returns a :class:`Source`: per split a sample
 count and a ``read(lo, hi)`` that materialises samples ``[lo, hi)`` only, so a rank of a parallel
 conversion touches nothing but its own shards. Array sources (digits, npz, CIFAR, MNIST) are
 small enough to hold in memory; ImageFolder decodes files lazily (``imagefolder.py``).
@@ -24,8 +25,10 @@ from collections.abc import Callable
 import numpy as np
 
 from hpctrain.errors import UserError
+from hpctrain.registry import Registry
 
-SOURCES: dict[str, Callable] = {}
+# Filled by the reader modules as they are imported; data_tools/readers.py imports all of them.
+SOURCES: Registry[Callable] = Registry("data source", "source")
 MAX_CLASSES = 100_000            # one output unit and one name per class: a larger label is a corrupt file
 MAX_SAMPLE_BYTES = 256 << 20     # one decoded sample; each rank holds a chunk of at least one in memory
 _SCAN_BYTES = 32 << 20           # samples checked for NaN/inf per step (bounds the temporary mask)
@@ -36,10 +39,8 @@ class SourceError(UserError):
 
 
 def source(name: str):
-    def deco(fn):
-        SOURCES[name] = fn
-        return fn
-    return deco
+    """Decorator: register a reader as ``--from name``."""
+    return SOURCES.register(name)
 
 
 @dataclass
@@ -351,7 +352,3 @@ def cast_source(source: Source, dtype: str | None) -> Source:
     source.dtype = dtype
     return source
 
-
-def register_all() -> None:
-    """Import the readers that live in their own modules (each registers itself)."""
-    from data_tools import cifar, idx, imagefolder  # noqa: F401

@@ -9,7 +9,8 @@ Numbers: every int and float field carries a :class:`Range` (shown by ``--help``
 are refused for every float field when the value is read (``_coerce``), the range by
 :func:`validate`. Choice fields name their registry (``choices="hpctrain.comm:STRATEGIES"``), which
 :func:`validate` imports, so a strategy, compression, schedule… added there is accepted here
-without re-typing the list (the registries pull in torch and MPI, hence the lazy import).
+without re-typing the list (the registries pull in torch and MPI, hence the lazy import). A
+value ``package.module:name`` selects a plugin outside the tree (:mod:`hpctrain.registry`).
 """
 from __future__ import annotations
 
@@ -345,6 +346,16 @@ def registry(choices) -> tuple:
     return tuple(choices)
 
 
+def _plugin_problem(choices: str, value: str) -> str | None:
+    """``package.module:name`` for a registry field (:mod:`hpctrain.registry`): None once the
+    module imports and registers ``name``, else why not."""
+    module, _, name = choices.partition(":")
+    reg = getattr(importlib.import_module(module), name)
+    if not hasattr(reg, "plugin_problem"):
+        return f"must be one of {' | '.join(registry(choices))}, got {value!r}"
+    return reg.plugin_problem(value)
+
+
 def field_problem(f: dataclasses.Field, value) -> str | None:
     """What is wrong with ``value`` for field ``f`` (its range or choices), or None.
 
@@ -363,6 +374,8 @@ def field_problem(f: dataclasses.Field, value) -> str | None:
         return None if ok else f"must be none, dynamic or a number {rng.describe()}, got {value!r}"
     if choices is not None:
         allowed = registry(choices)
+        if isinstance(value, str) and ":" in value and isinstance(choices, str):
+            return _plugin_problem(choices, value)
         return None if value in allowed else f"must be one of {' | '.join(allowed)}, got {value!r}"
     if rng is None:
         return None
@@ -370,6 +383,16 @@ def field_problem(f: dataclasses.Field, value) -> str | None:
         if x not in rng:
             return f"must be {rng.describe()}, got {x!r}"
     return None
+
+
+def check_field(section: str, key: str, value) -> None:
+    """Check one value against field ``section.key``'s range or choices, as :func:`validate`
+    does: for a constructor given the value in code (the library API), so the rule is written
+    once, here."""
+    f = next(f for f in dataclasses.fields(getattr(Config(), section)) if f.name == key)
+    problem = field_problem(f, value)
+    if problem:
+        raise ConfigError(f"config {section}.{key}: {problem}")
 
 
 def dir_problem(path: str) -> str | None:

@@ -90,7 +90,7 @@ def main(argv: list[str]) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("study", choices=["large-batch", "held-out"])
     ap.add_argument("--config", help="TOML base config (dataset, model, …); large-batch only")
-    ap.add_argument("--epochs", type=int, default=None, help="default: 30 for large-batch, 60 for held-out "
+    ap.add_argument("--epochs", type=int, default=None, help="default: 30 for large-batch, 90 for held-out "
                     "(its 32x runs need the steps: docs/large-batch.md)")
     ap.add_argument("--batch", type=int, default=None, help="small (baseline) global batch (default: 16 for "
                     "large-batch, 64 for held-out)")
@@ -110,7 +110,7 @@ def main(argv: list[str]) -> int:
     comm = MPI.COMM_WORLD
     if args.study == "held-out":
         from hpctrain.bench import held_out
-        args.batch, args.epochs = args.batch or 64, args.epochs or 60
+        args.batch, args.epochs = args.batch or 64, args.epochs or 90
         return held_out.main(args, comm)
     args.batch, args.epochs = args.batch or 16, args.epochs or 30
     base = Config()

@@ -41,14 +41,16 @@ from hpctrain.comm.compression import COMPRESSIONS
 from hpctrain.comm.delay import DelayedSync, with_comm_delay
 from hpctrain.comm.flat import FlatSync
 from hpctrain.comm.hierarchical import HierarchicalSync, nodes_share_memory
+from hpctrain.registry import Registry
 
-STRATEGIES: dict[str, type[GradSync]] = {}
+# Registration order is the order config errors list the choices in.
+STRATEGIES: Registry = Registry("comm.strategy", "strategy")
 
 
 def register(cls: type[GradSync]) -> type[GradSync]:
-    """Class decorator: make a strategy selectable by its ``name``."""
-    STRATEGIES[cls.name] = cls
-    return cls
+    """Class decorator: make a strategy selectable by its ``name`` (``STRATEGIES.register(name)``
+    sets the name instead)."""
+    return STRATEGIES.register(cls.name)(cls)
 
 
 register(FlatSync)
@@ -69,8 +71,7 @@ def auto(params, topology, **kwargs) -> GradSync:
     return sync
 
 
-auto.name = "auto"  # type: ignore[attr-defined]  # a selector function among the classes
-register(auto)  # type: ignore[arg-type]
+STRATEGIES.register("auto")(auto)
 
 
 def concrete() -> list[str]:
@@ -87,12 +88,7 @@ def create(name: str, params, topology, **kwargs) -> GradSync:
     ``measure``: time both per bucket now, :mod:`hpctrain.comm.tuner`; a job's default).
     A ValueError names the valid choices.
     """
-    try:
-        cls = STRATEGIES[name]
-    except KeyError:
-        raise ValueError(f"comm.strategy: unknown strategy {name!r} "
-                         f"(choose from {', '.join(sorted(STRATEGIES))})") from None
-    return cls(params, topology, **kwargs)
+    return STRATEGIES.get(name)(params, topology, **kwargs)
 
 
 __all__ = ["Bucket", "GradSync", "make_buckets", "STRATEGIES", "COMPRESSIONS", "register", "create",

@@ -33,6 +33,9 @@ import torch
 
 import kernels
 from hpctrain.comm.ring import SMALL_BYTES
+from hpctrain.registry import Registry
+
+COMPRESSIONS: Registry = Registry("comm.compression", "compression")
 
 
 @runtime_checkable
@@ -64,6 +67,7 @@ class Codec(Protocol):
         ``check``, whether the result holds inf/NaN."""
 
 
+@COMPRESSIONS.register("none")
 class NoCompression:
     """Full precision on the wire; the bucket itself travels (no copies, MPI can sum it), so
     strategies never pack it. ``pack``/``unpack`` are plain copies, for a caller that wants
@@ -73,7 +77,6 @@ class NoCompression:
     the inf/NaN sum then read the piece the add just wrote while it is still in L2, instead of
     two more passes over memory."""
 
-    name = "none"
     compresses = False
     mpi_summable = True
     PIECE_ELEMS = 1 << 17   # 512 KiB of fp32
@@ -121,6 +124,7 @@ class NoCompression:
         return check and n > 0 and not bool(torch.isfinite(sums[:-(-n // piece)].sum()))
 
 
+@COMPRESSIONS.register("fp16")
 class FP16Compression:
     """IEEE half precision on the wire, FP32 accumulation of partial sums.
 
@@ -135,7 +139,6 @@ class FP16Compression:
     |gradient| for n ranks.
     """
 
-    name = "fp16"
     compresses = True
     mpi_summable = False
     PIECE_ELEMS = 1 << 16   # 2 x 256 KiB of fp32 scratch: both operands stay in L2
@@ -178,16 +181,9 @@ class FP16Compression:
         return check and n > 0 and not bool(torch.isfinite(sums[:-(-n // piece)].sum()))
 
 
-COMPRESSIONS = {c.name: c for c in (NoCompression, FP16Compression)}
-
-
 def get(name: str):
     """The codec called ``name``; a ValueError names the valid choices."""
-    try:
-        return COMPRESSIONS[name]()
-    except KeyError:
-        raise ValueError(f"comm.compression: unknown compression {name!r} "
-                         f"(choose from {', '.join(sorted(COMPRESSIONS))})") from None
+    return COMPRESSIONS.get(name)()
 
 
 def wire_codec(codec, n_bytes: int, n_ranks: int):

@@ -35,8 +35,7 @@ def resolve_dataset(dataset: str, cache_dir: str, comm: MPI.Comm) -> str:
 
 
 def _convert(dataset: str, path: str) -> None:
-    import data_tools.synthetic  # noqa: F401  (registers the generated datasets)
-    from data_tools.sources import SOURCES
+    from data_tools.readers import SOURCES
     from data_tools.writer import convert
 
     os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -63,12 +63,11 @@ class HookState:
 
     def __init__(self, model=None, *, strategy: str = "auto", compression: str = "none",
                  topology: Topology | None = None, tune: str = "measure", quiet: bool = False):
-        if strategy not in comm_lib.STRATEGIES:
-            raise HookStateError(f"hpctrain.ddp: unknown strategy {strategy!r} "
-                                 f"(choose from {', '.join(sorted(comm_lib.STRATEGIES))})")
-        if compression not in comm_lib.COMPRESSIONS:
-            raise HookStateError(f"hpctrain.ddp: unknown compression {compression!r} "
-                                 f"(choose from {', '.join(sorted(comm_lib.COMPRESSIONS))})")
+        for reg, name in ((comm_lib.STRATEGIES, strategy), (comm_lib.COMPRESSIONS, compression)):
+            try:
+                reg.get(name)
+            except ValueError as exc:       # the registry's line, naming the choices
+                raise HookStateError(f"hpctrain.ddp: {exc}") from None
         self.strategy, self.compression, self.tune, self.quiet = strategy, compression, tune, quiet
         self._own_topo = topology is None and pg.topology() is None
         if self._own_topo:

@@ -26,6 +26,7 @@ from hpctrain.errors import config_errors
 from .lamb import LAMB
 from .lars import LARS, resolve_norms_fn, trust_ratio
 from .loss_scale import LossScaler, grads_have_inf, next_scale, unscale_and_check_
+from .registry import OPTIMIZERS
 from .schedules import (ScheduleSpec, linear_scaled_lr, lr_at, mlperf_lars_base_lr,
                         mlperf_lars_warmup_epochs, spec_from_config)
 
@@ -33,10 +34,7 @@ __all__ = ["LARS", "LAMB", "trust_ratio", "resolve_norms_fn", "LossScaler", "nex
            "grads_have_inf", "unscale_and_check_", "ScheduleSpec", "lr_at",
            "linear_scaled_lr", "mlperf_lars_base_lr", "mlperf_lars_warmup_epochs",
            "spec_from_config", "make_optimizer", "make_criterion", "set_lr", "split_1d",
-           "optimizer_from_config", "schedule_from_config"]
-
-
-OPTIMIZERS = ("sgd", "lars", "lamb")
+           "optimizer_from_config", "schedule_from_config", "OPTIMIZERS"]
 
 
 def _params(params_or_model) -> list[torch.nn.Parameter]:
@@ -51,36 +49,49 @@ def split_1d(params: Iterable[torch.nn.Parameter]) -> tuple[list, list]:
     return [p for p in params if p.ndim > 1], [p for p in params if p.ndim <= 1]
 
 
+@OPTIMIZERS.register("sgd")
+def _sgd(params, *, lr: float, momentum: float, weight_decay: float, nesterov: bool, exclude_1d: bool,
+        **_) -> torch.optim.SGD:
+    """``torch.optim.SGD``; with ``exclude_1d`` two param groups, the 1-D one without weight decay."""
+    if exclude_1d:
+        multi, one = split_1d(params)
+        groups = [g for g in ({"params": multi}, {"params": one, "weight_decay": 0.0}) if g["params"]]
+    else:
+        groups = [{"params": params}]
+    return torch.optim.SGD(groups, lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov)
+
+
+@OPTIMIZERS.register("lars")
+def _lars(params, *, lr: float, momentum: float, weight_decay: float, nesterov: bool, exclude_1d: bool,
+         eta: float, eps: float, clip: bool, lr_1d_scale: float, **_) -> LARS:
+    return LARS(params, lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov, eta=eta,
+                eps=eps, clip=clip, exclude_1d=exclude_1d, lr_1d_scale=lr_1d_scale)
+
+
+@OPTIMIZERS.register("lamb")
+def _lamb(params, *, lr: float, momentum: float, weight_decay: float, exclude_1d: bool, lr_1d_scale: float,
+         beta2: float, adam_eps: float, **_) -> LAMB:
+    """LAMB with beta1 = ``momentum``."""
+    return LAMB(params, lr=lr, betas=(momentum, beta2), eps=adam_eps, weight_decay=weight_decay,
+                exclude_1d=exclude_1d, lr_1d_scale=lr_1d_scale)
+
+
 def make_optimizer(params_or_model, name: str, lr: float, momentum: float = 0.9,
                    weight_decay: float = 0.0, nesterov: bool = False, *,
                    exclude_1d: bool = True, eta: float = 0.001, eps: float = 0.0,
                    clip: bool = False, lr_1d_scale: float = 1.0, beta2: float = 0.999,
                    adam_eps: float = 1e-6) -> torch.optim.Optimizer:
-    """Build ``torch.optim.SGD``, ``LARS`` or ``LAMB`` for a model (or an iterable of parameters).
+    """Build the optimiser registered as ``name`` (``sgd``: ``torch.optim.SGD``, ``lars``,
+    ``lamb``; :data:`OPTIMIZERS`) for a model (or an iterable of parameters).
 
     SGD with ``exclude_1d``: two param groups, the 1-D one with ``weight_decay=0`` (Goyal et
     al.). LARS and LAMB handle the 1-D exclusion themselves (trust ratio and weight decay; lr
     times ``lr_1d_scale``); LAMB's beta1 is ``momentum``, beta2 ``beta2``. The schedule
-    sets ``lr`` every step through ``set_lr``.
+    sets ``lr`` every step through ``set_lr``. Each factory takes the options it uses.
     """
-    params = _params(params_or_model)
-    if name == "sgd":
-        if exclude_1d:
-            multi, one = split_1d(params)
-            groups = [g for g in ({"params": multi}, {"params": one, "weight_decay": 0.0})
-                      if g["params"]]
-        else:
-            groups = [{"params": params}]
-        return torch.optim.SGD(groups, lr=lr, momentum=momentum, weight_decay=weight_decay,
-                               nesterov=nesterov)
-    if name == "lars":
-        return LARS(params, lr=lr, momentum=momentum, weight_decay=weight_decay,
-                    nesterov=nesterov, eta=eta, eps=eps, clip=clip, exclude_1d=exclude_1d,
-                    lr_1d_scale=lr_1d_scale)
-    if name == "lamb":
-        return LAMB(params, lr=lr, betas=(momentum, beta2), eps=adam_eps, weight_decay=weight_decay,
-                    exclude_1d=exclude_1d, lr_1d_scale=lr_1d_scale)
-    raise ValueError(f"optimizer {name!r} not in {OPTIMIZERS}")
+    return OPTIMIZERS.get(name)(_params(params_or_model), lr=lr, momentum=momentum, weight_decay=weight_decay,
+                                nesterov=nesterov, exclude_1d=exclude_1d, eta=eta, eps=eps, clip=clip,
+                                lr_1d_scale=lr_1d_scale, beta2=beta2, adam_eps=adam_eps)
 
 
 def optimizer_from_config(params_or_model, o) -> torch.optim.Optimizer:

@@ -40,6 +40,8 @@ import math
 from dataclasses import dataclass
 from collections.abc import Sequence
 
+from hpctrain.optim.registry import OPTIMIZERS
+
 __all__ = ["ScheduleSpec", "lr_at", "linear_scaled_lr", "describe_lr", "mlperf_lars_base_lr",
            "mlperf_lars_warmup_epochs", "spec_from_config", "KINDS", "WARMUPS"]
 
@@ -172,8 +174,7 @@ def spec_from_config(*, lr: float | None, global_batch: int, steps_per_epoch: in
     ``warmup_epochs=None`` -> MLPerf table for LARS, 5 epochs (Goyal) for SGD.
     ``hold_epochs`` (hybrid only) defaults to ``warmup_epochs``: switch at 2x warm-up.
     """
-    if optimizer not in ("sgd", "lars", "lamb"):
-        raise ValueError(f"optimizer {optimizer!r} not in ('sgd', 'lars', 'lamb')")
+    OPTIMIZERS.get(optimizer)           # an unknown name: one line naming the choices
     if steps_per_epoch <= 0 or epochs <= 0 or global_batch <= 0:
         raise ValueError("steps_per_epoch, epochs and global_batch must be > 0")
     if lr is None and optimizer == "lars":

@@ -16,29 +16,27 @@ rank(s), unless a loss scaler skipped the step (:mod:`hpctrain.sync.guard`).
 """
 from __future__ import annotations
 
-from hpctrain.sync.base import StepResult, UpdateAlgorithm
+import inspect
+
+from hpctrain.sync.base import ALGORITHMS, StepResult, UpdateAlgorithm
 from hpctrain.sync.guard import NonFiniteError
 from hpctrain.sync.odsgd import ODSGD
 from hpctrain.sync.ssgd import SSGD
 
-ALGORITHMS = {"ssgd": SSGD, "odsgd": ODSGD}
-
 
 def create(name: str, model, optimizer, grad_sync, **kwargs) -> UpdateAlgorithm:
-    try:
-        cls = ALGORITHMS[name]
-    except KeyError:
-        raise ValueError(f"sync.algorithm: unknown algorithm {name!r} (choose from {', '.join(ALGORITHMS)})") from None
-    return cls(model, optimizer, grad_sync, **kwargs)
+    """Build the algorithm registered as ``name``; a ValueError names the choices."""
+    return ALGORITHMS.get(name)(model, optimizer, grad_sync, **kwargs)
 
 
 def algorithm_options(sync_cfg) -> dict:
-    """Keyword options of ``sync_cfg.algorithm`` from a ``SyncConfig`` (for :func:`create`)."""
-    if sync_cfg.algorithm != "odsgd":
-        return {}
-    return {"warmup_steps": sync_cfg.odsgd_warmup_steps, "local_lr": sync_cfg.odsgd_local_lr,
-            "local_momentum": sync_cfg.odsgd_local_momentum,
-            "dc_lambda": sync_cfg.odsgd_dc_lambda}
+    """Keyword options of ``sync_cfg.algorithm`` from a ``SyncConfig`` (for :func:`create`): the
+    algorithm's constructor is the schema, each keyword ``x`` read from the field
+    ``sync.<name>_x`` where there is one (``odsgd_warmup_steps`` -> ``warmup_steps``); the rest
+    keep the constructor's defaults."""
+    cls = ALGORITHMS.get(sync_cfg.algorithm)
+    fields = {f"{cls.name}_{p}": p for p in inspect.signature(cls).parameters}
+    return {p: getattr(sync_cfg, f) for f, p in fields.items() if hasattr(sync_cfg, f)}
 
 
 __all__ = ["ALGORITHMS", "SSGD", "ODSGD", "StepResult", "NonFiniteError", "UpdateAlgorithm", "create",

@@ -18,7 +18,11 @@ from collections.abc import Callable
 import torch
 
 from hpctrain.ops.metrics import NULL_TIMER, Timer
+from hpctrain.registry import Registry
 from hpctrain.sync.guard import NonFiniteGuard, sync_comm
+
+# ``sync.algorithm``: each algorithm's module registers its class (ssgd first: the default).
+ALGORITHMS: Registry = Registry("sync.algorithm", "algorithm", sort_choices=False)
 
 
 @dataclass

@@ -59,10 +59,11 @@ from collections.abc import Callable
 
 import torch
 
+from hpctrain.config import check_field
 from hpctrain.errors import ConfigError
 from hpctrain.ops.metrics import NULL_TIMER, Timer
 from hpctrain.optim.loss_scale import all_finite
-from hpctrain.sync.base import StepResult, UpdateAlgorithm, group_lrs
+from hpctrain.sync.base import ALGORITHMS, StepResult, UpdateAlgorithm, group_lrs
 from hpctrain.sync.guard import agreed_overflow
 from hpctrain.sync.ssgd import SSGD
 
@@ -100,19 +101,15 @@ def swap_data_(params, store: list[torch.Tensor]) -> None:
         store[i] = current
 
 
+@ALGORITHMS.register("odsgd")
 class ODSGD(UpdateAlgorithm):
-    name = "odsgd"
-
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_sync, *,
                  warmup_steps: int = 200, local_lr: float = 0.0, local_momentum: float = 0.0,
                  dc_lambda: float = 0.0, scaler=None, timer: Timer = NULL_TIMER):
-        checks = [(warmup_steps >= 0, "odsgd_warmup_steps", "must be >= 0"),
-                  (local_lr >= 0, "odsgd_local_lr", "must be >= 0"),
-                  (0 <= local_momentum < 1, "odsgd_local_momentum", "must be in [0, 1)"),
-                  (dc_lambda >= 0, "odsgd_dc_lambda", "must be >= 0")]
-        for ok, key, msg in checks:
-            if not ok:
-                raise ConfigError(f"sync.{key}: {msg}")
+        options = {"warmup_steps": warmup_steps, "local_lr": local_lr, "local_momentum": local_momentum,
+                   "dc_lambda": dc_lambda}
+        for key, value in options.items():          # the ranges of the sync.odsgd_* fields
+            check_field("sync", f"odsgd_{key}", value)
         if local_lr == 0 and scales_lr_per_layer(optimizer):
             raise ConfigError("sync.odsgd_local_lr: set it explicitly with LARS (its lr is scaled per layer "
                              "by trust ratios, so the raw global lr would make the local step far too large)")

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 
 from hpctrain.optim.loss_scale import all_finite
-from hpctrain.sync.base import StepResult, UpdateAlgorithm, unscale_grads_
+from hpctrain.sync.base import ALGORITHMS, StepResult, UpdateAlgorithm, unscale_grads_
 # re-exported: where they were defined before hpctrain.sync.guard / hpctrain.sync.base
 from hpctrain.sync.guard import MAX_WIRE_SKIPS, NonFiniteError, NonFiniteGuard, agreed_overflow, sync_comm
 
@@ -24,9 +24,8 @@ __all__ = ["SSGD", "StepResult", "NonFiniteError", "NonFiniteGuard", "MAX_WIRE_S
            "sync_comm", "unscale_grads_"]
 
 
+@ALGORITHMS.register("ssgd")
 class SSGD(UpdateAlgorithm):
-    name = "ssgd"
-
     def step(self, compute_loss: Callable[[], torch.Tensor]) -> StepResult:
         """One synchronous step; ``compute_loss`` runs the forward pass and returns the loss."""
         step, self.steps = self.steps, self.steps + 1

@@ -13,11 +13,9 @@ from mpi4py import MPI
 from PIL import Image
 
 from data_tools.__main__ import main as tools_main
-from data_tools.sources import SOURCES, register_all
+from data_tools.readers import SOURCES
 from data_tools.writer import ConvertError, convert
 from hpctrain.data import ShardSet, read_index
-
-register_all()
 
 
 @pytest.fixture

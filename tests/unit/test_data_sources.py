@@ -10,12 +10,11 @@ from PIL import Image
 
 from data_tools.__main__ import main as tools_main
 from data_tools.cifar import UnsafePickleError, safe_load
-from data_tools.sources import SOURCES, SourceError, register_all
+from data_tools.readers import SOURCES
+from data_tools.sources import SourceError
 from data_tools.writer import convert
 from hpctrain.data import ShardSet, read_index
 from hpctrain.data.images import decode
-
-register_all()
 
 
 def read_all(d, split):

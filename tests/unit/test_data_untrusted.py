@@ -9,11 +9,10 @@ from PIL import Image
 
 import data_tools.sources as sources
 from data_tools.__main__ import main as tools_main
-from data_tools.sources import MAX_CLASSES, SOURCES, SourceError, from_arrays, register_all
+from data_tools.readers import SOURCES
+from data_tools.sources import MAX_CLASSES, SourceError, from_arrays
 from data_tools.writer import ConvertError, convert
 from hpctrain.data import read_index
-
-register_all()
 
 
 def refused(capsys, argv, *needles):

@@ -1,0 +1,14 @@
+"""``optim.name``: the optimiser factories by name (a leaf module, so an optimiser's own file can
+register itself without importing :mod:`hpctrain.optim`).
+
+A factory is called as ``factory(params, **options)`` with every option of
+:func:`hpctrain.optim.make_optimizer` (``lr``, ``momentum``, ``weight_decay``, ``nesterov``,
+``exclude_1d``, ``eta``, ``eps``, ``clip``, ``lr_1d_scale``, ``beta2``, ``adam_eps``); its
+signature names the ones it uses and ends in ``**_`` for the rest.
+"""
+from __future__ import annotations
+
+from hpctrain.registry import Registry
+
+# Registration order (sgd, lars, lamb: hpctrain/optim/__init__.py) is the order errors list them in.
+OPTIMIZERS: Registry = Registry("optim.name", "optimiser", sort_choices=False)
