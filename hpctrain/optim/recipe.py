@@ -12,6 +12,7 @@ parameters ``lr * lr_1d_scale``. The normalised rows are MLPerf's ResNet-50 tabl
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -29,6 +30,15 @@ BN_FREE_LARS_ETA = 0.005
 BN_FREE_LR_1D_SCALE = 0.01          # biases step at lr/100 (0.1 at the peak lr 10)
 LAMB_BASE_LR, LAMB_BASE_BATCH = 0.05, 2048        # square-root scaling from here (You et al. 2019)
 LAMB_MAX_LR = 0.1
+
+
+DECIDES = ("lr", "scale_lr", "base_batch", "lars_eta", "lr_1d_scale", "warmup", "warmup_epochs", "schedule")
+
+
+def _default(o, name: str):
+    """The dataclass default of field ``name`` of the section ``o`` (None when it has none)."""
+    f = next((f for f in dataclasses.fields(o) if f.name == name), None) if dataclasses.is_dataclass(o) else None
+    return None if f is None or f.default is dataclasses.MISSING else f.default
 
 
 @dataclass(frozen=True)
@@ -82,9 +92,12 @@ def apply_recipe(o, global_batch: int, model: nn.Module, epochs: float | None = 
     scale_lr, base_batch, lars_eta, lr_1d_scale, warmup, warmup_epochs, schedule) and return the
     start-up line saying what was chosen and why (also kept as ``o.recipe_line`` for
     :func:`~hpctrain.optim.schedules.describe_lr`); ``""`` and nothing changed otherwise.
-    ``epochs`` given: the warm-up is capped at half the run (a short test run still starts)."""
+    ``epochs`` given: the warm-up is capped at half the run (a short test run still starts).
+    A field the user set away from its default and the recipe changes is named in the line, so
+    an override is never silent."""
     if getattr(o, "recipe", "none") != "auto":
         return ""
+    before = {f: getattr(o, f) for f in DECIDES if hasattr(o, f)}
     r = recipe_for(o.name, global_batch, normalises(model))
     warmup, why = r.warmup_epochs, r.why
     if epochs is not None and warmup > epochs / 2:
@@ -97,5 +110,8 @@ def apply_recipe(o, global_batch: int, model: nn.Module, epochs: float | None = 
     if r.eta is not None:
         o.lars_eta = r.eta
     o.lr_1d_scale = r.lr_1d_scale
+    replaced = [f"optim.{f}={v!r}" for f, v in before.items() if v != _default(o, f) and v != getattr(o, f)]
+    if replaced:
+        why += f"; replaces {', '.join(replaced)} given in the config (optim.recipe = \"none\" keeps them)"
     o.recipe_line = f"recipe auto ({o.name}, global batch {global_batch}): {why}"
     return o.recipe_line

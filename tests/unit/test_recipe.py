@@ -66,6 +66,17 @@ def test_apply_recipe_sets_the_section_and_the_startup_line():
     assert (o.lars_eta, o.lr_1d_scale) == (0.001, 1.0) and "MLPerf ResNet-50 table" in describe_lr(o, 4096)
 
 
+def test_recipe_names_the_values_it_replaces():
+    """A user's own lr and warm-up are overridden by auto: the start-up line says which."""
+    o = OptimConfig(name="lars", lr=0.3, warmup_epochs=2.0, recipe="auto")
+    line = apply_recipe(o, 4096, SignalCNN())
+    assert o.lr == 10.0 and o.warmup_epochs == 5.0
+    assert line.endswith("; replaces optim.lr=0.3, optim.warmup_epochs=2.0 given in the config "
+                         "(optim.recipe = \"none\" keeps them)")
+    o = OptimConfig(name="lars", recipe="auto")                  # defaults only: nothing to name
+    assert "replaces" not in apply_recipe(o, 4096, SignalCNN())
+
+
 def test_recipe_none_changes_nothing():
     o = OptimConfig(name="lars", lr=4.0, lars_eta=0.002)
     before = dict(vars(o))
