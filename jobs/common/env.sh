@@ -77,12 +77,16 @@ hpctrain_site_env() {
   export PYTHONUNBUFFERED=1
   # HDF5 file locking fails or serialises on Lustre/GPFS; shards are read-only.
   export HDF5_USE_FILE_LOCKING=${HDF5_USE_FILE_LOCKING:-FALSE}
-  # Open MPI: skip the deprecated openib BTL (UCX drives InfiniBand); give ranks 30 s after a
-  # SIGTERM before SIGKILL, time to agree on a stop and write a checkpoint. (Set either way:
+  # Open MPI: skip the deprecated openib BTL (UCX drives InfiniBand). An Open MPI 4 mpirun that is
+  # itself sent SIGTERM or SIGINT sends its ranks SIGCONT, waits sigkill_timeout, sends SIGTERM,
+  # waits sigkill_timeout again, then SIGKILL: the value is both the delay before the ranks hear
+  # of the stop and their time to agree on it and write a checkpoint (the default, 1 s, is too
+  # short for a large model's checkpoint; 30 s made a killed mpirun take a minute). SIGUSR1 to
+  # mpirun is forwarded at once, with no delay: the scripts' traps send it. (Set either way:
   # MPICH ignores OMPI_*. MPICH's Hydra forwards SIGTERM/SIGUSR1 to the ranks and has no kill
   # delay of its own; an MPI_Abort or a dead rank ends the whole job under both.)
   export OMPI_MCA_btl=${OMPI_MCA_btl:-^openib}
-  export OMPI_MCA_odls_base_sigkill_timeout=${OMPI_MCA_odls_base_sigkill_timeout:-30}
+  export OMPI_MCA_odls_base_sigkill_timeout=${OMPI_MCA_odls_base_sigkill_timeout:-15}
   # Site-specific network settings belong in HPCTRAIN_SITE, e.g. (values depend on the machine):
   #   export OMPI_MCA_pml=ucx UCX_TLS=rc,sm,self UCX_NET_DEVICES=mlx5_0:1
   #   export NCCL_IB_HCA=mlx5_0 NCCL_SOCKET_IFNAME=ib0 NCCL_DEBUG=WARN   # when an NCCL strategy is used
