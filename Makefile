@@ -104,13 +104,13 @@ test-slurm: setup
 
 # MPICH (Hydra): MPI comm, trainer, fault and data tests at -n 2 (the -n 4 topologies of a subset),
 # then aborts, kill -9, a stop signal through a batch script and the default job at 2 ranks
-# (tests/integration/mpirun.py launches with HPCTRAIN_MPIEXEC).
+# (tests/integration/mpirun.py launches with HPCTRAIN_MPIEXEC; two files at a time, as test-serial).
 test-mpich: setup-mpich
 	@echo "== [test-mpich] MPI tests under $$($(MPICH_PY) $(LIBVERSION)) ($(MPICH_EXEC))"
 	$(MPICH_EXEC) -n 2 $(MPICH_PY) $(PYTEST_MPI) $(MPICH_MPI_TESTS)
 	$(MPICH_EXEC) -n 4 $(MPICH_PY) $(PYTEST_MPI) $(MPICH_MPI_TESTS_4)
 	@echo "== [test-mpich] faults, stop signals and the default job under MPICH"
-	HPCTRAIN_MPIEXEC=$(MPICH_EXEC) $(MPICH_PY) -m pytest -q -rs $(MPICH_JOB_TESTS) -k "$(MPICH_JOB_SKIP)"
+	HPCTRAIN_MPIEXEC=$(MPICH_EXEC) $(MPICH_PY) -m pytest -q -rs -n 2 --dist loadfile $(MPICH_JOB_TESTS) -k "$(MPICH_JOB_SKIP)"
 
 bench: setup
 	$(MPIEXEC) -n 2 $(PY) -m hpctrain bench allreduce
