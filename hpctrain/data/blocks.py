@@ -16,11 +16,12 @@ batch.
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 
 from hpctrain.data.direct import pread_full
-from hpctrain.data.index import ShardError, block_digest_name, block_hasher
+from hpctrain.data.index import ShardError, block_digest, block_digest_name, block_hasher
 
 THREADED = ("sha256",)   # digests slow enough to hash a read's blocks in a pool; XXH3 hashes a block in
                          # less time than handing it to a thread costs
@@ -101,33 +102,46 @@ class BlockCheck:
         """``view`` holds the file's bytes ``[pos, pos + len(view))``, just read: check the blocks
         they touch that have not matched yet, reading the rest of a block cut by the range with
         ``read_bytes(pos, view)`` (here, not in the pool: it may be an HDF5 read). Raises the first
-        mismatch as a :class:`ShardError`."""
-        end = pos + len(view)
-        first, last = pos // self.block_bytes, (end - 1) // self.block_bytes
-        pending = [k for k in range(first, last + 1) if not self.done[k]] if len(view) else []
-        parts = {}
+        mismatch as a :class:`ShardError`.
+
+        A block wholly inside ``view`` is hashed with one call; the two a read can cut (its first
+        and last) are fed in parts, the rest read into this thread's reused scratch buffer: fresh
+        pages for each side read cost more than the copy (the kernel zeroes and maps them)."""
+        end, bb = pos + len(view), self.block_bytes
+        first, last = pos // bb, (end - 1) // bb
+        if not len(view):
+            return
+        pending = [k for k in range(first, last + 1) if not self.done[k]]
+        scratch = _scratch(2 * bb)
+        work = []
         for k in pending:
             a, b = self.span(k)
+            if pos <= a and b <= end:
+                work.append((k, (view[a - pos:b - pos],)))
+                continue
             s, e = max(pos, a), min(end, b)
-            head, tail = _scratch(s - a), _scratch(b - e)
+            head, tail = scratch[:s - a], scratch[bb:bb + b - e]
             if len(head):
                 read_bytes(a, head)
             if len(tail):
                 read_bytes(e, tail)
-            parts[k] = (head, view[s - pos:e - pos], tail)
+            work.append((k, (head, view[s - pos:e - pos], tail)))
 
-        def one(k: int) -> str | None:
+        def one(item) -> str | None:
+            k, parts = item
+            if len(parts) == 1:
+                return self.problem(k, block_digest(self.digest, parts[0]))
             h = block_hasher(self.digest)
-            for part in parts[k]:
+            for part in parts:
                 h.update(part)
             return self.problem(k, h.digest())
 
-        threaded = pool is not None and len(pending) > 1 and self.digest in THREADED
-        found = list(pool.map(one, pending)) if threaded else [one(k) for k in pending]
+        threaded = pool is not None and len(work) > 1 and self.digest in THREADED
+        found = list(pool.map(one, work)) if threaded else [one(w) for w in work]
         bad = next((p for p in found if p), None)
         if bad:
             raise ShardError(bad)
-        self.mark_done(pending)
+        self.done[pending] = True
 
     def read_into(self, fd: int, pos: int, view: memoryview, pool) -> bool:
         """Read bytes ``[pos, pos + len(view))`` into ``view`` (one ``pread``, as unchecked) and check
@@ -142,6 +156,13 @@ class BlockCheck:
         return True
 
 
+_local = threading.local()
+
+
 def _scratch(n: int) -> memoryview:
-    """``n`` bytes to read into and hash, not zeroed first."""
-    return memoryview(np.empty(n, np.uint8)).cast("B")  # type: ignore[arg-type]  # numpy stub: buffers only on 3.12+
+    """This thread's reused buffer of at least ``n`` bytes (not zeroed; the pool's threads only
+    hash parts of it, they never read into it)."""
+    buf = getattr(_local, "buf", None)
+    if buf is None or len(buf) < n:
+        buf = _local.buf = memoryview(np.empty(n, np.uint8)).cast("B")  # type: ignore[arg-type]  # numpy stub: buffers only on 3.12+
+    return buf
