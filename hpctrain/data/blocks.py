@@ -113,7 +113,7 @@ class BlockCheck:
             return
         pending = [k for k in range(first, last + 1) if not self.done[k]]
         scratch = _scratch(2 * bb)
-        work = []
+        work: list[tuple[int, tuple[memoryview, ...]]] = []
         for k in pending:
             a, b = self.span(k)
             if pos <= a and b <= end:
