@@ -21,7 +21,7 @@ import threading
 import numpy as np
 
 from hpctrain.data.direct import pread_full
-from hpctrain.data.index import ShardError, block_digest, block_digest_name, block_hasher
+from hpctrain.data.index import ONE_SHOT, ShardError, block_digest, block_digest_name, block_hasher
 
 THREADED = ("sha256",)   # digests slow enough to hash a read's blocks in a pool; XXH3 hashes a block in
                          # less time than handing it to a thread costs
@@ -104,44 +104,50 @@ class BlockCheck:
         ``read_bytes(pos, view)`` (here, not in the pool: it may be an HDF5 read). Raises the first
         mismatch as a :class:`ShardError`.
 
-        A block wholly inside ``view`` is hashed with one call; the two a read can cut (its first
-        and last) are fed in parts, the rest read into this thread's reused scratch buffer: fresh
+        The blocks wholly inside ``view`` are hashed with one call each in one comprehension (with
+        small blocks the per-block Python cost would show); only the first and the last block can
+        be cut, fed in parts with the rest read into this thread's reused scratch buffer: fresh
         pages for each side read cost more than the copy (the kernel zeroes and maps them)."""
-        end, bb = pos + len(view), self.block_bytes
-        first, last = pos // bb, (end - 1) // bb
         if not len(view):
             return
-        pending = [k for k in range(first, last + 1) if not self.done[k]]
+        end, bb = pos + len(view), self.block_bytes
+        first, last = pos // bb, (end - 1) // bb
+        pending = [int(k) for k in np.flatnonzero(~self.done[first:last + 1]) + first]
+        lo, hi = first + (pos > first * bb), last + (self.span(last)[1] <= end)   # [lo, hi): wholly inside
+        inside = [k for k in pending if lo <= k < hi]
         scratch = _scratch(2 * bb)
-        work: list[tuple[int, tuple[memoryview, ...]]] = []
-        for k in pending:
-            a, b = self.span(k)
-            if pos <= a and b <= end:
-                work.append((k, (view[a - pos:b - pos],)))
-                continue
-            s, e = max(pos, a), min(end, b)
-            head, tail = scratch[:s - a], scratch[bb:bb + b - e]
-            if len(head):
-                read_bytes(a, head)
-            if len(tail):
-                read_bytes(e, tail)
-            work.append((k, (head, view[s - pos:e - pos], tail)))
+        parts = {k: self._cut_parts(k, pos, view, read_bytes, scratch) for k in pending if not lo <= k < hi}
 
-        def one(item) -> str | None:
-            k, parts = item
-            if len(parts) == 1:
-                return self.problem(k, block_digest(self.digest, parts[0]))
+        def one(k: int) -> str | None:
+            if k not in parts:
+                return self.problem(k, block_digest(self.digest, view[k * bb - pos:k * bb - pos + bb]))
             h = block_hasher(self.digest)
-            for part in parts:
+            for part in parts[k]:
                 h.update(part)
             return self.problem(k, h.digest())
 
-        threaded = pool is not None and len(work) > 1 and self.digest in THREADED
-        found = list(pool.map(one, work)) if threaded else [one(w) for w in work]
+        if pool is not None and len(pending) > 1 and self.digest in THREADED:
+            found = list(pool.map(one, pending))
+        else:
+            digest = ONE_SHOT[self.digest]
+            got = [digest(view[k * bb - pos:k * bb - pos + bb]) for k in inside]
+            found = [self.problem(k, g) for k, g in zip(inside, got) if g != self.want[k]]
+            found += [one(k) for k in parts]
         bad = next((p for p in found if p), None)
         if bad:
             raise ShardError(bad)
         self.done[pending] = True
+
+    def _cut_parts(self, k: int, pos: int, view: memoryview, read_bytes, scratch: memoryview):
+        """Block ``k``'s bytes as (head read here, the part in ``view``, tail read here)."""
+        a, b = self.span(k)
+        s, e = max(pos, a), min(pos + len(view), b)
+        head, tail = scratch[:s - a], scratch[self.block_bytes:self.block_bytes + b - e]
+        if len(head):
+            read_bytes(a, head)
+        if len(tail):
+            read_bytes(e, tail)
+        return head, view[s - pos:e - pos], tail
 
     def read_into(self, fd: int, pos: int, view: memoryview, pool) -> bool:
         """Read bytes ``[pos, pos + len(view))`` into ``view`` (one ``pread``, as unchecked) and check

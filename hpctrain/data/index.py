@@ -78,9 +78,12 @@ def block_hasher(name: str):
     return xxhash.xxh3_128() if name == "xxh3_128" else hashlib.new(name)
 
 
+ONE_SHOT = {"xxh3_128": xxhash.xxh3_128_digest, "sha256": lambda data: hashlib.sha256(data).digest()}
+
+
 def block_digest(name: str, data) -> bytes:
     """The digest ``name`` of the bytes-like ``data``, in one call (no hasher object per block)."""
-    return xxhash.xxh3_128_digest(data) if name == "xxh3_128" else hashlib.new(name, data).digest()
+    return ONE_SHOT[name](data)
 
 
 def block_digest_name(blocks: dict) -> str:
