@@ -29,7 +29,6 @@ batch 64): the time the training thread waited for the loader over the time of t
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import shutil
@@ -39,20 +38,16 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from hpctrain.bench.io_data import drop_cache, ensure, n_samples, with_sha256_blocks
+from hpctrain.bench.io_job import data_wait_share
+from hpctrain.bench.io_report import CHECK, FIRST, FIRST_SHA, LOADER, WHOLE, medians, table
 from hpctrain.data import ShardLoader, ShardSet, read_index
 from hpctrain.data.noderead import NodeReader
-from hpctrain.data.index import BLOCK_BYTES, BLOCK_DIGEST, INDEX, write_index
-from hpctrain.data.shardwriter import ShardWriter, shard_digests
 from hpctrain.topology import Topology
 
 SHAPE = (3, 224, 224)
 SMALL = (3, 32, 32)
 MB = 1e6
-CHECK, FIRST, FIRST_SHA, WHOLE, PLAIN, LOADER = (
-    "whole-file SHA-256 check at open (v1/v2 index)", "first epoch, XXH3-128 per block as read (v4 index)",
-    "first epoch, SHA-256 per block as read (v3 index)", "first epoch incl. whole-file SHA-256 check at open",
-    "block plan, per-rank reading, serial", "full loader")
-SHA_BLOCKS = "sha256-blocks.json"     # the same shards' SHA-256 block digests: the v3 rows
 
 
 def parse_args(argv):
@@ -77,66 +72,6 @@ def parse_args(argv):
                     "(default: the config default, data.hdf5_driver)")
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     return ap.parse_args(argv)
-
-
-def n_samples(size_gb: float, shape: tuple) -> int:
-    return int(size_gb * 2**30 // np.prod(shape)) + 1
-
-
-def generate(directory: str, n: int, shape: tuple, n_shards: int) -> None:
-    """Random uint8 image shards (rank 0), written once; the index goes last."""
-    rng = np.random.default_rng(0)
-    os.makedirs(directory, exist_ok=True)
-    entries, chunk = [], max(1, (32 << 20) // int(np.prod(shape)))
-    for i in range(n_shards):
-        lo, hi = i * n // n_shards, (i + 1) * n // n_shards
-        w = ShardWriter(directory, "train", i, n_shards, hi - lo, shape, np.uint8)
-        for a in range(lo, hi, chunk):
-            b = min(hi, a + chunk)
-            w.write(rng.integers(0, 256, (b - a, *shape), dtype=np.uint8), rng.integers(0, 1000, b - a))
-        entries.append(w.finish())
-    sha = [shard_digests(os.path.join(directory, e["file"]), BLOCK_BYTES, "sha256")["blocks"] for e in entries]
-    with open(os.path.join(directory, SHA_BLOCKS), "w") as fh:
-        json.dump(sha, fh)
-    write_index(directory, {"sample_shape": list(shape), "dtype": "uint8", "num_classes": 1000,
-                            "class_names": [str(c) for c in range(1000)],
-                            "normalize": {"mean": [127.5] * 3, "std": [73.9] * 3},
-                            "splits": {"train": {"num_samples": n, "shards": entries}}})
-
-
-def ensure(directory: str, n: int, shape: tuple, n_shards: int, comm) -> None:
-    """Generate on rank 0 unless a matching dataset is already there (reused across runs)."""
-    if comm.Get_rank() == 0:
-        ok = False
-        if os.path.exists(os.path.join(directory, INDEX)):
-            idx = read_index(directory)
-            ok = (idx.num_samples("train") == n and tuple(idx.sample_shape) == shape
-                  and os.path.exists(os.path.join(directory, SHA_BLOCKS))
-                  and all(BLOCK_DIGEST in e.get("blocks", {}) for e in idx.split("train")["shards"]))  # older: redo
-        if not ok:
-            shutil.rmtree(directory, ignore_errors=True)
-            t0 = time.perf_counter()
-            generate(directory, n, shape, n_shards)
-            print(f"generated {directory} in {time.perf_counter() - t0:.1f} s")
-    comm.Barrier()
-
-
-def drop_cache(files: list[str]) -> str:
-    """Evict the files from the page cache; returns the method that worked."""
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as fh:
-            fh.write("3\n")
-        return "drop_caches"
-    except OSError:
-        pass
-    for f in files:
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-    return "posix_fadvise(DONTNEED) (drop_caches not permitted)"
 
 
 class Bench:
@@ -271,121 +206,6 @@ class Bench:
         self.row("per-sample random h5py reads (anti-pattern)", cache, n, dt)
         for f in files:
             f.close()
-
-
-def data_wait_share(comm, topo, steps: int, driver: str | None = None) -> dict:
-    """Train the default job's model (digits CNN, global batch 64) and time the loader waits."""
-    import torch
-    from hpctrain.data.builtin import resolve_dataset
-    from hpctrain.models import build_model
-    torch.set_num_threads(1)
-    from hpctrain.config import DataConfig
-    from hpctrain.data import train_loader
-    cfg = DataConfig()                                    # the default job's data options
-    idx = read_index(resolve_dataset(cfg.dataset, cfg.cache_dir, comm))
-    ld = train_loader(idx, topo, batch_size=64 // topo.size, seed=0, block_size=cfg.block_size,
-                      shuffle_window=cfg.shuffle_window, prefetch=cfg.prefetch, drop_last=cfg.drop_last,
-                      augment=cfg.augment, reader=cfg.reader, hdf5_driver=driver or cfg.hdf5_driver)
-    driver = ld.shards.driver
-    torch.manual_seed(0)
-    model = build_model("digits_cnn", num_classes=idx.num_classes, in_channels=idx.sample_shape[0])
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    done, epoch, t0 = 0, 0, time.perf_counter()
-    ld.stats.reset()
-    while done < steps:
-        for x, y in ld.epoch(epoch):
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(x), y).backward()
-            for p in model.parameters():          # the gradient mean, as the flat strategy computes it
-                assert p.grad is not None
-                g = p.grad.numpy()
-                comm.Allreduce(MPI.IN_PLACE, g)
-                g /= topo.size
-            opt.step()
-            done += 1
-            if done >= steps:
-                break
-        epoch += 1
-    total = time.perf_counter() - t0
-    ld.close()
-    shares = comm.allgather(ld.stats.wait_s / total)
-    return {"steps": done, "step_ms": 1e3 * total / done, "driver": driver, "wait_share_max": max(shares),
-            "wait_share_mean": float(np.mean(shares))}
-
-
-def medians(rows: list) -> list:
-    """One row per method (first-seen order): the round of median time, the median CPU seconds."""
-    by: dict[str, list[dict]] = {}
-    for r in rows:
-        by.setdefault(r["method"], []).append(r)
-    out = []
-    for same in by.values():
-        r = sorted(same, key=lambda r: r["seconds"])[len(same) // 2]
-        cpu = sorted(r["cpu_s"] for r in same)[len(same) // 2]
-        out.append({**r, "rounds": len(same), "cpu_s": cpu})
-    return out
-
-
-def with_sha256_blocks(index, directory: str):
-    """``index`` with the SHA-256 block digests saved beside it (``generate``), as a v3 index holds them."""
-    with open(os.path.join(directory, SHA_BLOCKS)) as fh:
-        sha = json.load(fh)
-    train = index.split("train")
-    shards = [{**e, "blocks": b} for e, b in zip(train["shards"], sha)]
-    return dataclasses.replace(index, splits={**index.splits, "train": {**train, "shards": shards}})
-
-
-def table(rows: list, job: dict, header: str) -> str:
-    out = [header, f"{'data':<13} {'method':<66} {'cache':<5} {'samples/s':>10} {'MB/s':>8} "
-                   f"{'vs random':>9} {'vs cat':>7}"]
-    base = {(r["data"], r["cache"]): r for r in rows if r["method"].startswith("per-sample")}
-    cat = {(r["data"], r["cache"]): r for r in rows if r["method"].startswith("cat")}
-    for r in rows:
-        key = (r["data"], r["cache"])
-        vr = r["samples_per_s"] / base[key]["samples_per_s"] if key in base else float("nan")
-        vc = r["mb_per_s"] / cat[key]["mb_per_s"] if key in cat else float("nan")
-        out.append(f"{r['data']:<13} {r['method']:<66} {r['cache']:<5} {r['samples_per_s']:>10.0f} "
-                   f"{r['mb_per_s']:>8.0f} {vr:>8.1f}x {100 * vc:>6.0f}%")
-    out += integrity(rows)
-    out.append(f"default job (digits CNN, global batch 64, HDF5 {job['driver']}, {job['steps']} steps, "
-               f"{job['step_ms']:.2f} ms/step): "
-               f"data-wait share {100 * job['wait_share_mean']:.2f} % (worst rank {100 * job['wait_share_max']:.2f} %)")
-    return "\n".join(out)
-
-
-def integrity(rows: list) -> list[str]:
-    """One line per cache state: the checks' cost against the same run's unchecked row (medians of
-    the same interleaved rounds), in speed and in CPU seconds (the unchecked epoch's over the checked
-    one's: the speed share a host with no spare core would see)."""
-    out = []
-    for cache in ("cold", "warm"):
-        got: dict[str, dict] = {}
-        plain: list = []
-        for r in rows:
-            if r["cache"] != cache or r["data"] != rows[0]["data"]:
-                continue
-            for m in (CHECK, FIRST, FIRST_SHA, WHOLE):
-                if r["method"].startswith(m):
-                    got.setdefault(m, r)
-            if r["method"].startswith(PLAIN) and not plain:       # the serial row before the auto one
-                plain = [r["samples_per_s"], r["cpu_s"]]
-        if CHECK not in got or not plain:
-            continue
-        base = plain[0]
-        cpu = plain[1]
-        line = (f"integrity ({cache}): first epoch with per-block XXH3-128 as read (v4): "
-                f"{100 * got[FIRST]['samples_per_s'] / base:.0f} % of the unchecked block plan "
-                f"(CPU: {100 * cpu / got[FIRST]['cpu_s']:.0f} %); with per-block SHA-256 (v3): "
-                f"{100 * got[FIRST_SHA]['samples_per_s'] / base:.0f} % "
-                f"(CPU: {100 * cpu / got[FIRST_SHA]['cpu_s']:.0f} %); with the "
-                f"whole-file check at open (v1/v2, {got[CHECK]['seconds']:.2f} s, {got[CHECK]['mb_per_s']:.0f} MB/s): "
-                f"{100 * got[WHOLE]['samples_per_s'] / base:.0f} %; later epochs 100 % (same reads)")
-        loaders = [r for r in rows if r["cache"] == cache and r["method"].startswith(LOADER)]
-        if len(loaders) == 2:
-            line += (f"; full loader with its check: "
-                     f"{100 * loaders[1]['samples_per_s'] / loaders[0]['samples_per_s']:.0f} % of unchecked")
-        out.append(line)
-    return out
 
 
 def section(b: Bench, full: bool) -> None:

@@ -78,6 +78,14 @@ def block_hasher(name: str):
     return xxhash.xxh3_128() if name == "xxh3_128" else hashlib.new(name)
 
 
+ONE_SHOT = {"xxh3_128": xxhash.xxh3_128_digest, "sha256": lambda data: hashlib.sha256(data).digest()}
+
+
+def block_digest(name: str, data) -> bytes:
+    """The digest ``name`` of the bytes-like ``data``, in one call (no hasher object per block)."""
+    return ONE_SHOT[name](data)
+
+
 def block_digest_name(blocks: dict) -> str:
     """Which of :data:`BLOCK_DIGESTS` a checked ``blocks`` object holds."""
     return next(k for k in BLOCK_DIGESTS if k in blocks)

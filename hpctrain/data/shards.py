@@ -12,7 +12,7 @@ has matched a digest of the index. Two ways, by what the index holds:
   shard and block. A data block is checked when a read first touches it, from the bytes just read
   into the loader's buffer (``pread``; with ``mpio``, the buffer HDF5 filled), the rest of a
   block cut by the read's ends read on the side. So the first epoch reads the data once, not
-  twice; the hashing runs in a small thread pool beside the read. A mismatch is found by the rank
+  twice; XXH3 hashes in the reading thread, SHA-256 in a small pool beside it. A mismatch is found by the rank
   that reads the block, in its loader thread: the error takes the place of the batch, so no step
   uses it; the training thread raises it and the abort hook ends every rank with that one line
   (the others wait in the step's collectives), as for a label out of range.
