@@ -25,7 +25,7 @@ import threading
 import numpy as np
 
 from hpctrain.data.direct import pread_full
-from hpctrain.data.index import ONE_SHOT, ShardError, block_digest, block_digest_name, block_hasher
+from hpctrain.data.index import ONE_SHOT, ShardError, block_digest_name, block_hasher
 
 THREADED = ("sha256",)   # digests slow enough to hash a read's blocks in a pool; XXH3 hashes a block in
                          # less time than handing it to a thread costs
@@ -124,7 +124,7 @@ class BlockCheck:
 
         def one(k: int) -> str | None:
             if k not in parts:
-                return self.problem(k, block_digest(self.digest, view[k * bb - pos:k * bb - pos + bb]))
+                return self.problem(k, ONE_SHOT[self.digest](view[k * bb - pos:k * bb - pos + bb]))
             h = block_hasher(self.digest)
             for part in parts[k]:
                 h.update(part)
@@ -140,7 +140,7 @@ class BlockCheck:
         bad = next((p for p in found if p), None)
         if bad:
             raise ShardError(bad)
-        self.done[pending] = True
+        self.mark_done(pending)
 
     def _cut_parts(self, k: int, pos: int, view: memoryview, read_bytes, scratch: memoryview):
         """Block ``k``'s bytes as (head read here, the part in ``view``, tail read here)."""

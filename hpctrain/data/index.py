@@ -78,12 +78,8 @@ def block_hasher(name: str):
     return xxhash.xxh3_128() if name == "xxh3_128" else hashlib.new(name)
 
 
+# Each digest of a whole bytes-like block in one call (no hasher object per block).
 ONE_SHOT = {"xxh3_128": xxhash.xxh3_128_digest, "sha256": lambda data: hashlib.sha256(data).digest()}
-
-
-def block_digest(name: str, data) -> bytes:
-    """The digest ``name`` of the bytes-like ``data``, in one call (no hasher object per block)."""
-    return ONE_SHOT[name](data)
 
 
 def block_digest_name(blocks: dict) -> str:
