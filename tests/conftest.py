@@ -84,7 +84,7 @@ def plugin_sandbox(monkeypatch):
     from hpctrain.data_tools.sources import SOURCES
     from hpctrain.comm import COMPRESSIONS, STRATEGIES
     from hpctrain.optim import OPTIMIZERS
-    from hpctrain.sync import ALGORITHMS
+    from hpctrain.update import ALGORITHMS
     for reg in (STRATEGIES, COMPRESSIONS, ALGORITHMS, OPTIMIZERS, SOURCES):
         monkeypatch.setattr(reg, "_entries", dict(reg._entries))
     yield
