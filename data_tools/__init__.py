@@ -1,6 +1,8 @@
 """Dataset tools: convert sources to hpctrain HDF5 shards, verify and inspect them.
 
-``python -m data_tools convert --from {imagefolder,cifar,mnist,npz,digits} SRC --out DIR``;
-see ``python -m data_tools --help``.
+``hpctrain-data convert --from {imagefolder,cifar,mnist,npz,digits} SRC --out DIR`` (also
+``python -m hpctrain.data_tools``); see ``hpctrain-data --help``. Installed as ``hpctrain.data_tools``
+(``hpctrain/data_tools`` links to this folder): a bare top-level ``data_tools`` could collide with
+another distribution's package.
 """
-__all__ = ["cifar", "idx", "imagefolder", "inspection", "sources", "writer"]
+__all__ = ["cifar", "idx", "imagefolder", "cli", "inspection", "sources", "writer"]

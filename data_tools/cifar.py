@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from data_tools.sources import SourceError, from_arrays, source
+from .sources import SourceError, from_arrays, source
 
 CIFAR10: dict[str, Any] = {"train": [f"data_batch_{i}" for i in range(1, 6)], "test": ["test_batch"],
                            "meta": "batches.meta", "labels": "labels", "names": "label_names"}

@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from data_tools.sources import SourceError, from_arrays, source
+from .sources import SourceError, from_arrays, source
 
 IDX_TYPES: dict[int, np.dtype] = {
     0x08: np.dtype(">u1"), 0x09: np.dtype(">i1"), 0x0B: np.dtype(">i2"), 0x0C: np.dtype(">i4"),

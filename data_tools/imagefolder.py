@@ -23,7 +23,7 @@ import stat
 
 import numpy as np
 
-from data_tools.sources import Chunk, Source, SourceError, SplitSource, held_out_count, source
+from .sources import Chunk, Source, SourceError, SplitSource, held_out_count, source
 from hpctrain.data import images
 
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".webp")

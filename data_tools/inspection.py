@@ -3,7 +3,7 @@
 Both check every shard's SHA-256 against the index before using its bytes (``inspect
 --no-verify`` skips it: a summary of a large dataset then reads only the labels); any problem —
 a missing or changed shard, an index field that is absent or points outside the directory — is a
-:class:`ShardError`, which ``python -m data_tools`` prints as one line with exit status 2.
+:class:`ShardError`, which ``hpctrain-data`` prints as one line with exit status 2.
 """
 from __future__ import annotations
 

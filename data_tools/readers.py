@@ -4,7 +4,7 @@ which imports none of them, so there is no import loop). A new reader is one mod
 line here."""
 from __future__ import annotations
 
-from data_tools import cifar, idx, imagefolder, synthetic  # noqa: F401  (each registers its readers)
-from data_tools.sources import SOURCES
+from . import cifar, idx, imagefolder, synthetic  # noqa: F401  (each registers its readers)
+from .sources import SOURCES
 
 __all__ = ["SOURCES"]

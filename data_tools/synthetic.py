@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from data_tools.sources import from_arrays, source
+from .sources import from_arrays, source
 
 SIGNAL_LENGTH = 64
 

@@ -1,7 +1,7 @@
 """Convert a :class:`Source` into hpctrain shards, in parallel over MPI ranks, resumably.
 
 Every split is cut into ``n_shards`` balanced contiguous shards; shard jobs are dealt round-robin
-to the ranks of ``comm`` (``mpiexec -n P python -m data_tools convert …``; one rank without MPI).
+to the ranks of ``comm`` (``mpiexec -n P python -m hpctrain.data_tools convert …``; one rank without MPI).
 Each rank reads only its own samples, writes its own shard files (temporary name, then rename),
 and records each finished shard in ``DIR/.convert/<shard>.json``: the source fingerprint, the
 index entry (with SHA-256) and the per-channel sums for the normalisation statistics. Rank 0
@@ -20,7 +20,7 @@ from typing import cast
 
 import numpy as np
 
-from data_tools.sources import Source, SourceError, check_sample_bytes, from_arrays
+from .sources import Source, SourceError, check_sample_bytes, from_arrays
 from hpctrain.data.plan import block_range
 from hpctrain.data.index import BLOCK_BYTES, BLOCK_DIGEST, INDEX, file_sha256, shard_name, write_index
 from hpctrain.data.shardwriter import ShardWriter, shard_digests

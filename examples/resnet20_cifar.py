@@ -1,6 +1,6 @@
 """ResNet-20 on CIFAR-style 3×32×32 shards, the way He et al. train it, data-parallel over MPI.
 
-    python -m data_tools convert --from cifar cifar-10-batches-py --out data/cifar10
+    python -m hpctrain.data_tools convert --from cifar cifar-10-batches-py --out data/cifar10
     mpiexec -n 4 python examples/resnet20_cifar.py --data data/cifar10 --epochs 160
 
 Linear-scaling rule with warmup and cosine decay; Final Polishing of BN statistics at the end.

@@ -1,6 +1,6 @@
 """Train your own model on your own data with hpctrain: hierarchical FP16 sync and LARS.
 
-    python -m data_tools convert --from npz my_data.npz --out data/mine
+    python -m hpctrain.data_tools convert --from npz my_data.npz --out data/mine
     mpiexec -n 4 python examples/train_own_model.py --data data/mine --ranks-per-node 2
 
 What changes against Horovod: `hvd.init()` → `hpctrain.init()`, `hvd.DistributedOptimizer(opt)` +

@@ -2,7 +2,7 @@
 
 ``DistributedTrainer`` composes (it does not subclass or proxy) a ``torch.nn.Module``, a
 ``torch.optim.Optimizer``, a gradient-sync strategy (``hpctrain.comm``) and an update
-algorithm (``hpctrain.sync``). Call :meth:`step` for a whole step; a loop that must stay its
+algorithm (``hpctrain.update``). Call :meth:`step` for a whole step; a loop that must stay its
 own can instead call ``trainer.sync.allreduce_grads()`` between its ``backward()`` and its
 ``optimizer.step()``. The CLI's training loop (``hpctrain.job``) is built on this class.
 
@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from hpctrain import comm as comm_lib
-from hpctrain import sync as sync_lib
+from hpctrain import update as update_lib
 from hpctrain.ops.metrics import NULL_TIMER, StepTimer, Timer
 from hpctrain.optim import make_criterion, set_lr
 from hpctrain.optim.loss_scale import LossScaler
@@ -84,7 +84,7 @@ class DistributedTrainer:
         self.sync = comm_lib.create(strategy, model.parameters(), topology, bucket_bytes=int(bucket_mb * 2**20),
                                     compression=compression, overlap=overlap, tune=tune)
         self.sync = comm_lib.with_comm_delay(self.sync, comm_delay_ms)   # emulated slow link (0: none)
-        self.algo = sync_lib.create(algorithm, model, optimizer, self.sync, scaler=scaler, timer=self.timer,
+        self.algo = update_lib.create(algorithm, model, optimizer, self.sync, scaler=scaler, timer=self.timer,
                                     **(algorithm_options or {}))
         self.step_count = 0
 
@@ -96,7 +96,7 @@ class DistributedTrainer:
         c, s = cfg.comm, cfg.sync
         return cls(model, optimizer, topology, strategy=c.strategy, compression=c.compression,
                    bucket_mb=c.bucket_mb, overlap=c.overlap, tune=c.tune, algorithm=s.algorithm,
-                   algorithm_options=sync_lib.algorithm_options(s), comm_delay_ms=s.comm_delay_ms,
+                   algorithm_options=update_lib.algorithm_options(s), comm_delay_ms=s.comm_delay_ms,
                    schedule=schedule, loss_fn=make_criterion(cfg.optim.label_smoothing),
                    compute=cfg.precision.compute, scaler=LossScaler.from_config(cfg.precision), timer=timer)
 
@@ -111,7 +111,7 @@ class DistributedTrainer:
     def lr(self) -> float | None:
         return lr_at(self.step_count, self.schedule) if self.schedule is not None else None
 
-    def step(self, x: torch.Tensor, y: torch.Tensor) -> sync_lib.StepResult:
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> update_lib.StepResult:
         """One training step on this rank's share of the global batch; returns a StepResult."""
         lr = self.lr()
         if lr is not None:

@@ -18,6 +18,9 @@ run the torch reference of the same module (NumPy arrays are viewed, not copied,
 come back as NumPy). CUDA torch tensors without CuPy fall back to the torch reference on the
 GPU; `backend()` says which path is live and why. CuPy is the optional extra
 `pip install 'hpctrain[cuda]'`; importing this package never needs it.
+
+Imported as ``hpctrain.kernels`` (``hpctrain/kernels`` links to this folder): a top-level
+``kernels`` would collide with the PyPI distribution of that name.
 """
 import numbers
 

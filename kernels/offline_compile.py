@@ -3,7 +3,7 @@
 NVRTC comes with the CUDA extras (`hpctrain[cuda]` for CUDA 12, `hpctrain[cuda13]` for 13) and
 compiles for any architecture without a device through CuPy's low-level bindings
 (`cupy.cuda.compiler.compile_using_nvrtc` queries the device, so it is not used). `nvcc` is the
-fallback. Run `python -m kernels.offline_compile` for a table of every kernel x target.
+fallback. Run `python -m hpctrain.kernels.offline_compile` for a table of every kernel x target.
 """
 import argparse
 import os
@@ -106,7 +106,7 @@ def compile_nvcc(source, name, target, nvcc=None) -> bytes:
 
 def main(argv=None) -> int:
     """Compile every kernel for every target; exit 1 if any fails."""
-    parser = argparse.ArgumentParser(prog="python -m kernels.offline_compile",
+    parser = argparse.ArgumentParser(prog="python -m hpctrain.kernels.offline_compile",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--compiler", choices=("auto", "nvrtc", "nvcc"), default="auto")
     args = parser.parse_args(argv)

@@ -81,10 +81,10 @@ def plugin_sandbox(monkeypatch):
     """Undo in teardown what a test's imports of example plugins (``examples.plugins``) register,
     and forget those modules, so later tests see the built-in names only (``bf16`` is an unknown
     codec in tests/unit/test_comm_parts.py) and a later import registers afresh."""
-    from data_tools.sources import SOURCES
+    from hpctrain.data_tools.sources import SOURCES
     from hpctrain.comm import COMPRESSIONS, STRATEGIES
     from hpctrain.optim import OPTIMIZERS
-    from hpctrain.sync import ALGORITHMS
+    from hpctrain.update import ALGORITHMS
     for reg in (STRATEGIES, COMPRESSIONS, ALGORITHMS, OPTIMIZERS, SOURCES):
         monkeypatch.setattr(reg, "_entries", dict(reg._entries))
     yield

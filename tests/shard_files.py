@@ -4,10 +4,10 @@ import sys
 
 
 def convert_digits(out, shards: int = 4, block_kib: int | None = None, block_digest: str | None = None) -> str:
-    """``python -m data_tools convert --from digits`` into ``out`` (as a user runs it)."""
+    """``python -m hpctrain.data_tools convert --from digits`` into ``out`` (as a user runs it)."""
     extra = ["--block-kib", str(block_kib)] if block_kib else []
     extra += ["--block-digest", block_digest] if block_digest else []
-    r = subprocess.run([sys.executable, "-m", "data_tools", "convert", "--from", "digits", "--out", str(out),
+    r = subprocess.run([sys.executable, "-m", "hpctrain.data_tools", "convert", "--from", "digits", "--out", str(out),
                         "--shards", str(shards), "--no-progress", *extra], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     return str(out)

@@ -4,7 +4,7 @@ L2 norm (``sync.algorithm``).
 Select it without editing the package:
 ``--set sync.algorithm=examples.plugins.clipped_ssgd:clipped_ssgd``. Its constructor is its option
 schema: ``max_norm`` would be read from a ``sync.clipped_ssgd_max_norm`` field if
-:class:`~hpctrain.config.SyncConfig` had one (:func:`hpctrain.sync.algorithm_options`); without
+:class:`~hpctrain.config.SyncConfig` had one (:func:`hpctrain.update.algorithm_options`); without
 it the default below applies.
 
 Clipping acts on the agreed mean, which every rank holds bit for bit, so every rank scales by the
@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 
 from hpctrain.errors import ConfigError
-from hpctrain.sync.base import ALGORITHMS
-from hpctrain.sync.ssgd import SSGD
+from hpctrain.update.base import ALGORITHMS
+from hpctrain.update.ssgd import SSGD
 
 
 @ALGORITHMS.register("clipped_ssgd")

@@ -1,9 +1,9 @@
 """A data source in one file: a CSV table of numbers, one sample a row, the class label in the
-last column (``python -m data_tools convert --from examples.plugins.csv_source:csv FILE.csv``).
+last column (``python -m hpctrain.data_tools convert --from examples.plugins.csv_source:csv FILE.csv``).
 
 A first row whose first field is not a number is a header and skipped. Samples are stored as
 float32 ``(N, columns - 1)``, like the built-in ``tabular`` dataset; the test split is a seeded
-``--test-fraction`` of the rows. The checks are the shared ones of :mod:`data_tools.sources`
+``--test-fraction`` of the rows. The checks are the shared ones of :mod:`hpctrain.data_tools.sources`
 (labels, finite values), so a bad file is one :class:`SourceError` naming it.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from data_tools.sources import SourceError, check_samples, count_classes, from_arrays, source, train_test_split
+from hpctrain.data_tools.sources import SourceError, check_samples, count_classes, from_arrays, source, train_test_split
 
 
 def _has_header(path: str) -> bool:

@@ -43,7 +43,7 @@ def variants(batch: int, factor: int, lr: float, ablation: bool) -> list[tuple[s
 
 def run_one(base: Config, dataset: str, seed: int, name: str, overrides: dict, out: str, comm) -> dict:
     from hpctrain.bench.study import run_variant
-    from hpctrain.sync import NonFiniteError
+    from hpctrain.update import NonFiniteError
     cfg = _with(base, {"data.dataset": dataset, "model.name": DATASETS[dataset], "train.seed": seed})
     try:                                      # run directory: OUT/DATASET/seedS/<variant name>
         row = run_variant(cfg, name, overrides, os.path.join(out, dataset, f"seed{seed}"), comm)

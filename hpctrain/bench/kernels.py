@@ -20,7 +20,7 @@ import time
 import numpy as np
 import torch
 
-import kernels
+from hpctrain import kernels
 
 MB = 1 << 20
 

@@ -31,7 +31,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-import kernels
+from hpctrain import kernels
 from hpctrain.comm.ring import SMALL_BYTES
 from hpctrain.registry import Registry
 

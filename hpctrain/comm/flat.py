@@ -8,14 +8,14 @@ strategy is built (``tune="measure"``, a training job's default: :mod:`hpctrain.
 In a round that only :meth:`~hpctrain.comm.base.GradSync.finish` starts (no overlap, no
 ``begin()``: SSGD's step), MPI's buckets take its faster blocking ``Allreduce``; every rank
 starts the same buckets in the same order there, so blocking cannot deadlock
-(``ring.ring_allreduce``). All of them out of place: the mean lands in ``bucket.out`` and the
+(``ring.allreduce_bucket``). All of them out of place: the mean lands in ``bucket.out`` and the
 gradients in ``bucket.flat`` stay. Use it on one node without shared memory between ranks, or
 where the network is uniform. Compare ChainerMN's ``flat_communicator.py``.
 """
 from hpctrain.comm.base import GradSync
 from hpctrain.comm.buckets import Bucket
 from hpctrain.comm import tuner
-from hpctrain.comm.ring import RingBuffers, ring_allreduce
+from hpctrain.comm.ring import RingBuffers, allreduce_bucket
 
 
 class FlatSync(GradSync):
@@ -37,11 +37,11 @@ class FlatSync(GradSync):
     def reduce_bucket(self, bucket: Bucket):
         i = bucket.index
         if bucket.wire is not None:         # packed and pre-divided by gather_grads; in place
-            return (yield from ring_allreduce(self._rings[i], self._comms[i], bucket.codec,
-                                              bucket.wire, bucket.wire))
-        return (yield from ring_allreduce(self._rings[i], self._comms[i], bucket.codec,
-                                          bucket.flat, bucket.out, self.gather_scale,
-                                          blocking=self.blocking_round))
+            return (yield from allreduce_bucket(self._rings[i], self._comms[i], bucket.codec,
+                                                bucket.wire, bucket.wire))
+        return (yield from allreduce_bucket(self._rings[i], self._comms[i], bucket.codec,
+                                            bucket.flat, bucket.out, self.gather_scale,
+                                            blocking=self.blocking_round))
 
     def _methods(self) -> list[str]:
         return [ring.method if b.codec.name == "none" else f"{ring.method}/{b.codec.name}"

@@ -38,7 +38,7 @@ from hpctrain.comm.base import GradSync
 from hpctrain.comm.buckets import Bucket
 from hpctrain.comm.fused import sum_into
 from hpctrain.comm import tuner
-from hpctrain.comm.ring import RingBuffers, chunk_bounds, ring_allreduce
+from hpctrain.comm.ring import RingBuffers, allreduce_bucket, chunk_bounds
 from hpctrain.comm.window import SharedWindow, aligned, layout
 from hpctrain.comm.wire import Wire
 
@@ -139,10 +139,10 @@ class HierarchicalSync(GradSync):
                 wire = bucket.link
                 if wire.buf is not None:
                     wire.pack([mine])
-                    found = yield from ring_allreduce(ring, self._inter[i], wire.codec, wire.buf, wire.buf)
+                    found = yield from allreduce_bucket(ring, self._inter[i], wire.codec, wire.buf, wire.buf)
                     wire.unpack([mine])
                 else:
-                    found = yield from ring_allreduce(ring, self._inter[i], wire.codec, mine, mine)
+                    found = yield from allreduce_bucket(ring, self._inter[i], wire.codec, mine, mine)
                 for o in others:
                     o.copy_(mine)
             self._flags[i][t.local_rank] = int(found)

@@ -150,10 +150,12 @@ class RingBuffers:
             self.stream.wait_stream(api.current_stream(device))
 
 
-def ring_allreduce(buf: RingBuffers, comm: MPI.Comm, codec, src: torch.Tensor, dst: torch.Tensor,
-                   scale: float = 1.0, blocking: bool = False):
+def allreduce_bucket(buf: RingBuffers, comm: MPI.Comm, codec, src: torch.Tensor, dst: torch.Tensor,
+                     scale: float = 1.0, blocking: bool = False):
     """Generator: ``dst <- scale * sum over comm of src``, in the codec's wire format; returns the
-    overflow flag (inf/NaN in the result), the same on every rank.
+    overflow flag (inf/NaN in the result), the same on every rank. By the ring below, or by MPI's
+    ``Allreduce``/``Iallreduce`` where :func:`mpi_route` gives the buffer to MPI (hence the name;
+    it was ``ring_allreduce``, still an alias).
 
     Out of place (``dst`` may be ``src``): ``src`` is only read, so a rank's own gradients stay
     intact in it while the mean lands in ``dst`` - at no extra memory traffic, since every add of
@@ -220,3 +222,7 @@ def ring_allreduce(buf: RingBuffers, comm: MPI.Comm, codec, src: torch.Tensor, d
                       comm.Irecv(_msg(dst[recv]), left, TAG_GATHER)]
         reqs = []
     return bool(flag[0])
+
+
+# The old name, from before the function also ran MPI's own allreduce; kept for callers outside.
+ring_allreduce = allreduce_bucket

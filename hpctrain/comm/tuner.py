@@ -23,7 +23,7 @@ import time
 from mpi4py import MPI
 
 from hpctrain.comm.progress import run
-from hpctrain.comm.ring import SMALL_BYTES, RingBuffers, mpi_choice, nonblocking_mpi_ok, ring_allreduce
+from hpctrain.comm.ring import SMALL_BYTES, RingBuffers, allreduce_bucket, mpi_choice, nonblocking_mpi_ok
 
 TUNES = ("static", "measure")
 TRIALS = 3
@@ -36,7 +36,7 @@ def check_tune(tune: str) -> str:
 
 
 def measured(comm: MPI.Comm, src, dst, codec, scale: float, blocking: bool, trials: int = TRIALS) -> dict:
-    """Median seconds (slowest rank) of ``ring_allreduce`` over ``comm`` of ``src`` into ``dst``
+    """Median seconds (slowest rank) of ``allreduce_bucket`` over ``comm`` of ``src`` into ``dst``
     by each method, interleaved trial by trial. ``src`` is read, ``dst`` overwritten."""
     n = comm.Get_size()
     bufs = {m: RingBuffers(src.numel(), src.dtype, n, codec, m, src.device) for m in ("mpi", "ring")}
@@ -45,7 +45,7 @@ def measured(comm: MPI.Comm, src, dst, codec, scale: float, blocking: bool, tria
         for m in (("mpi", "ring") if trial % 2 else ("ring", "mpi")):
             comm.Barrier()
             t0 = time.perf_counter()
-            run(ring_allreduce(bufs[m], comm, codec, src, dst, scale, blocking=blocking))
+            run(allreduce_bucket(bufs[m], comm, codec, src, dst, scale, blocking=blocking))
             dt = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
             if trial:
                 times[m].append(dt)

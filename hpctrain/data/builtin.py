@@ -35,8 +35,8 @@ def resolve_dataset(dataset: str, cache_dir: str, comm: MPI.Comm) -> str:
 
 
 def _convert(dataset: str, path: str) -> None:
-    from data_tools.readers import SOURCES
-    from data_tools.writer import convert
+    from hpctrain.data_tools.readers import SOURCES
+    from hpctrain.data_tools.writer import convert
 
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.", dir=os.path.dirname(path))

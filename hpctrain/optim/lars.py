@@ -89,7 +89,7 @@ def resolve_norms_fn(prefer_kernels: bool = True) -> tuple[NormsFn, str]:
     """
     if prefer_kernels:
         try:
-            from kernels import multi_tensor_sq_norms
+            from hpctrain.kernels import multi_tensor_sq_norms
         except ImportError as exc:
             return _foreach_norms, f"torch._foreach_norm (kernels not used: {exc})"
         return _kernels_norms(multi_tensor_sq_norms), "kernels.multi_tensor_sq_norms"
@@ -103,7 +103,7 @@ def resolve_update_fn(fused_update: bool | None):
     if fused_update is False:
         return None, "torch._foreach (fused_update=False)"
     try:
-        import kernels
+        from hpctrain import kernels
     except ImportError as exc:
         return None, f"torch._foreach (kernels not used: {exc})"
     if fused_update is None:

@@ -8,7 +8,7 @@ it (never above ``max_scale``).
 ``found_inf`` must already be agreed on every rank (the comm layer reduces the local flags
 with a logical OR / MAX), so that every rank skips the same steps and keeps the same scale:
 a rank-local decision would let replicas diverge. ``grads_have_inf`` is the local check (on
-:func:`all_finite`, also the per-step weight check of :mod:`hpctrain.sync.ssgd`);
+:func:`all_finite`, also the per-step weight check of :mod:`hpctrain.update.ssgd`);
 ``unscale_and_check_`` fuses unscaling with it (torch's
 ``_amp_foreach_non_finite_check_and_unscale_``, the kernel behind ``GradScaler``).
 

@@ -8,7 +8,8 @@
 #   1. pack once, on the shared file system: HPCTRAIN_STAGE_TARS (default HPCTRAIN_HOME/.stage)
 #      /env.tar (the .venv; rebuilt
 #      when missing or with HPCTRAIN_STAGE_REFRESH=1) and src.tar (hpctrain, kernels,
-#      data_tools; repacked every job, it is small);
+#      data_tools; repacked every job, it is small; the S in --transform keeps the links
+#      hpctrain/kernels -> ../kernels and hpctrain/data_tools -> ../data_tools as they are);
 #   2. copy to every node: Slurm `sbcast` (tree broadcast to node-local /tmp), otherwise one
 #      reader per node (`mpirun --map-by ppr:1:node`, `jsrun --rs_per_host 1`);
 #   3. extract into HPCTRAIN_STAGE_DIR (default /tmp/hpctrain-JOBID; /dev/shm also works) and
@@ -28,7 +29,7 @@ hpctrain_stage_pack() {
     hpctrain_do tar -C "$HPCTRAIN_HOME" -cf "$stage/env.tar.tmp" "${HPCTRAIN_STAGE_VENV:-.venv}"
     hpctrain_do mv "$stage/env.tar.tmp" "$stage/env.tar"
   fi
-  hpctrain_do tar -C "$HPCTRAIN_HOME" -cf "$stage/src.tar" --transform 's,^,src/,' ${HPCTRAIN_STAGE_SRC:-hpctrain kernels data_tools}
+  hpctrain_do tar -C "$HPCTRAIN_HOME" -cf "$stage/src.tar" --transform 's,^,src/,S' ${HPCTRAIN_STAGE_SRC:-hpctrain kernels data_tools}
 }
 
 hpctrain_stage_use() {

@@ -11,7 +11,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def convert(npz, out):
-    r = subprocess.run([sys.executable, "-m", "data_tools", "convert", "--from", "npz", str(npz), "--out", str(out)],
+    r = subprocess.run([sys.executable, "-m", "hpctrain.data_tools", "convert", "--from", "npz", str(npz), "--out", str(out)],
                        capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     return str(out)

@@ -26,7 +26,7 @@ def test_model_file_path_factory_trains_one_step(tmp_path):
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "conv.py").write_text(MODEL)
     env = {**os.environ, **ENV, "PYTHONPATH": ROOT}
-    r = subprocess.run([sys.executable, "-m", "data_tools", "convert", "--from", "npz", "train.npz", "test.npz",
+    r = subprocess.run([sys.executable, "-m", "hpctrain.data_tools", "convert", "--from", "npz", "train.npz", "test.npz",
                         "--out", "shards", "--no-progress"], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stderr
@@ -47,7 +47,7 @@ def test_startup_line_and_the_channel_axis_hint(tmp_path):
     np.savez(tmp_path / "flat.npz", x=rng.normal(size=(80, 40)).astype(np.float32), y=rng.integers(0, 2, 80))
     (tmp_path / "conv.py").write_text(MODEL)
     env = {**os.environ, **ENV, "PYTHONPATH": ROOT}
-    r = subprocess.run([sys.executable, "-m", "data_tools", "convert", "--from", "npz", "flat.npz", "--out", "flat",
+    r = subprocess.run([sys.executable, "-m", "hpctrain.data_tools", "convert", "--from", "npz", "flat.npz", "--out", "flat",
                         "--no-progress"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     args = [sys.executable, "-m", "hpctrain", "--data", "flat", "--run-dir", "run", "--no-progress",
@@ -71,7 +71,7 @@ def test_1d_samples_without_a_channel_axis_get_a_hint(tmp_path):
     np.savez(tmp_path / "flat.npz", x=rng.normal(size=(64, 16)).astype(np.float32), y=rng.integers(0, 3, 64))
     (tmp_path / "conv.py").write_text(MODEL)
     env = {**os.environ, **ENV, "PYTHONPATH": ROOT}
-    r = subprocess.run([sys.executable, "-m", "data_tools", "convert", "--from", "npz", "flat.npz", "--out", "shards",
+    r = subprocess.run([sys.executable, "-m", "hpctrain.data_tools", "convert", "--from", "npz", "flat.npz", "--out", "shards",
                         "--no-progress"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     r = subprocess.run([sys.executable, "-m", "hpctrain", "--model", "conv.py:make", "--data", "shards",

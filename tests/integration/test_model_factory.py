@@ -22,7 +22,7 @@ def seq_shards(tmp_path_factory):
     for i, c in enumerate(y):
         x[i, c * 6:(c + 1) * 6] += 1.5
     np.savez(d / "seq.npz", x=x, y=y)
-    r = subprocess.run([sys.executable, "-m", "data_tools", "convert", "--from", "npz", str(d / "seq.npz"),
+    r = subprocess.run([sys.executable, "-m", "hpctrain.data_tools", "convert", "--from", "npz", str(d / "seq.npz"),
                         "--out", str(d / "shards")], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     return str(d / "shards")

@@ -12,7 +12,7 @@ import types
 
 import numpy as np
 
-from kernels._table import decode_chunk
+from hpctrain.kernels._table import decode_chunk
 
 
 class FakeArray:

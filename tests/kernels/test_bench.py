@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-import kernels
+from hpctrain import kernels
 from hpctrain.bench.kernels import main, split_sizes
 
 

@@ -5,9 +5,9 @@ subset when both exist. The broken and warning sources prove the check can fail.
 """
 import pytest
 
-import kernels
-from kernels import offline_compile as oc
-from kernels._prelude import PRELUDE
+from hpctrain import kernels
+from hpctrain.kernels import offline_compile as oc
+from hpctrain.kernels._prelude import PRELUDE
 
 NVRTC, NVRTC_REASON = oc.nvrtc_status()
 NVCC = oc.nvcc_path()

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-import kernels
+from hpctrain import kernels
 
 
 def run_python(code):
@@ -32,7 +32,7 @@ BLOCK_CUPY = "import sys; sys.modules['cupy'] = None\n"
 
 def test_import_without_cupy_is_silent_and_works():
     run = run_python(BLOCK_CUPY + (
-        "import torch, kernels\n"
+        "import torch\nfrom hpctrain import kernels\n"
         "out = torch.empty(3, dtype=torch.float16)\n"
         "flag = kernels.pack_fp16([torch.ones(3)], out, 2.0)\n"
         "assert out.tolist() == [2.0, 2.0, 2.0] and not flag\n"
@@ -44,7 +44,7 @@ def test_import_without_cupy_is_silent_and_works():
 
 def test_cuda_array_without_cupy_names_the_extra():
     run = run_python(BLOCK_CUPY + (
-        "import kernels\n"
+        "from hpctrain import kernels\n"
         "class FakeCupy:\n"
         "    __cuda_array_interface__ = {}\n"
         "try:\n"

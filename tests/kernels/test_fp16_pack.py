@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 import torch
 
-import kernels
-from kernels import fp16_pack
+from hpctrain import kernels
+from hpctrain.kernels import fp16_pack
 
 from .numpy_refs import fp16_bits_equal, mixed_arrays, numpy_pack
 

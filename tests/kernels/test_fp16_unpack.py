@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-import kernels
+from hpctrain import kernels
 
 from .numpy_refs import mixed_arrays, numpy_pack
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-import kernels
-from kernels._prelude import CHUNK_ELEMS
+from hpctrain import kernels
+from hpctrain.kernels._prelude import CHUNK_ELEMS
 
 from .numpy_refs import fp16_bits_equal
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-import kernels
+from hpctrain import kernels
 
 
 def numpy_lars(w, g, v, step, wd, m, nesterov):

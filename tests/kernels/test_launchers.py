@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
-import kernels
-from kernels import _runtime
-from kernels._prelude import CHUNK_ELEMS
+from hpctrain import kernels
+from hpctrain.kernels import _runtime
+from hpctrain.kernels._prelude import CHUNK_ELEMS
 
 from .fake_device import FakeArray, fake_cupy, parameters
 from .numpy_refs import fp16_bits_equal

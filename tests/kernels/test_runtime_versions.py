@@ -4,7 +4,7 @@ import types
 
 import pytest
 
-from kernels import _runtime
+from hpctrain.kernels import _runtime
 
 
 def fake_cupy(version, runtime_version=12040, n_devices=1, available=True, from_external=True,

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from kernels._segments import segments
+from hpctrain.kernels._segments import segments
 
 
 @pytest.mark.parametrize("sizes, chunk, run_below", [

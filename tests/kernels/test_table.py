@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from kernels._table import build_table, decode_chunk
+from hpctrain.kernels._table import build_table, decode_chunk
 
 
 @pytest.mark.parametrize("sizes, chunk", [

@@ -12,9 +12,9 @@ import pytest
 from mpi4py import MPI
 from PIL import Image
 
-from data_tools.__main__ import main as tools_main
-from data_tools.readers import SOURCES
-from data_tools.writer import ConvertError, convert
+from hpctrain.data_tools.cli import main as tools_main
+from hpctrain.data_tools.readers import SOURCES
+from hpctrain.data_tools.writer import ConvertError, convert
 from hpctrain.data import ShardSet, read_index
 
 

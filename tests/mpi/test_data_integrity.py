@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from data_tools.sources import SOURCES
-from data_tools.writer import convert
+from hpctrain.data_tools.sources import SOURCES
+from hpctrain.data_tools.writer import convert
 from hpctrain.data import ShardError, ShardSet, read_index
 from hpctrain.data.hdf5 import mpio_status
 from hpctrain.topology import Topology

@@ -10,8 +10,8 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from data_tools.sources import from_arrays
-from data_tools.writer import convert
+from hpctrain.data_tools.sources import from_arrays
+from hpctrain.data_tools.writer import convert
 from hpctrain.data import ShardLoader, ShardSet, read_index
 from hpctrain.data.augment import Augment
 from hpctrain.topology import Topology

@@ -5,7 +5,7 @@ from mpi4py import MPI
 
 from hpctrain import comm as comm_lib
 from hpctrain.optim.loss_scale import LossScaler
-from hpctrain.sync import SSGD
+from hpctrain.update import SSGD
 from hpctrain.topology import Topology
 
 

@@ -9,8 +9,8 @@ import torch
 from mpi4py import MPI
 
 from hpctrain import comm as comm_lib
-from hpctrain.sync import SSGD, NonFiniteError
-from hpctrain.sync.ssgd import MAX_WIRE_SKIPS
+from hpctrain.update import SSGD, NonFiniteError
+from hpctrain.update.ssgd import MAX_WIRE_SKIPS
 from hpctrain.topology import Topology
 from hpctrain.trainer import DistributedTrainer
 

@@ -7,7 +7,7 @@ import ctypes
 import pytest
 import torch
 
-import kernels
+from hpctrain import kernels
 from hpctrain import comm as comm_lib
 from hpctrain.comm import cuda_mpi, ring, staging
 from hpctrain.comm.compression import FP16Compression

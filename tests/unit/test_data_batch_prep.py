@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from data_tools.sources import from_arrays
-from data_tools.writer import convert
+from hpctrain.data_tools.sources import from_arrays
+from hpctrain.data_tools.writer import convert
 from hpctrain.data import BatchPrep, Normalize, ShardLoader, ShardSet, eval_batches, eval_prep, read_index
 from hpctrain.data import loader as loader_mod
 from hpctrain.data.augment import Augment, generator_for

@@ -5,9 +5,9 @@ import os
 import numpy as np
 import pytest
 
-from data_tools.__main__ import main as tools_main
-from data_tools.sources import SourceError, from_arrays
-from data_tools.writer import ConvertError, convert
+from hpctrain.data_tools.cli import main as tools_main
+from hpctrain.data_tools.sources import SourceError, from_arrays
+from hpctrain.data_tools.writer import ConvertError, convert
 from hpctrain.data import ShardSet, read_index
 
 
@@ -81,7 +81,7 @@ def test_index_fields(tmp_path):
 
 
 def test_chunks_bound_memory(tmp_path, monkeypatch):
-    import data_tools.writer as w
+    import hpctrain.data_tools.writer as w
     monkeypatch.setattr(w, "CHUNK_BYTES", 48 * 7)             # 7 samples of 48 bytes per read
     x, y = arrays(30)
     src, counter = source_with(x, y)

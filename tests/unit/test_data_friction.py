@@ -9,7 +9,7 @@ def seq(n, seed, dtype=np.float32):
 
 
 def test_npz_train_and_test_files_become_both_splits(tmp_path, capsys):
-    from data_tools.__main__ import main as tools_main
+    from hpctrain.data_tools.cli import main as tools_main
     from hpctrain.data import read_index
     x, y = seq(40, 0)
     xt, yt = seq(10, 1)
@@ -26,7 +26,7 @@ def test_npz_train_and_test_files_become_both_splits(tmp_path, capsys):
 
 
 def test_npz_split_made_here_is_said(tmp_path, capsys):
-    from data_tools.__main__ import main as tools_main
+    from hpctrain.data_tools.cli import main as tools_main
     x, y = seq(50, 0)
     np.savez(tmp_path / "a.npz", x=x, y=y)
     assert tools_main(["convert", "--from", "npz", str(tmp_path / "a.npz"), "--out", str(tmp_path / "d"),
@@ -36,7 +36,7 @@ def test_npz_split_made_here_is_said(tmp_path, capsys):
 
 
 def test_npz_test_file_errors(tmp_path, capsys):
-    from data_tools.__main__ import main as tools_main
+    from hpctrain.data_tools.cli import main as tools_main
     x, y = seq(20, 0)
     np.savez(tmp_path / "both.npz", x=x, y=y, x_test=x, y_test=y)
     np.savez(tmp_path / "t.npz", x=x)
@@ -52,7 +52,7 @@ def test_npz_test_file_errors(tmp_path, capsys):
 
 
 def test_float64_note_and_dtype_option(tmp_path, capsys):
-    from data_tools.__main__ import main as tools_main
+    from hpctrain.data_tools.cli import main as tools_main
     from hpctrain.data import ShardSet, read_index
     x, y = seq(30, 0, np.float64)
     np.savez(tmp_path / "a.npz", x=x, y=y)
@@ -83,7 +83,7 @@ def test_float64_note_and_dtype_option(tmp_path, capsys):
 
 # --- inspect --grid of 1-D samples -----------------------------------------------------------------
 def test_inspect_grid_plots_1d_samples(tmp_path, capsys):
-    from data_tools.__main__ import main as tools_main
+    from hpctrain.data_tools.cli import main as tools_main
     x, y = seq(20, 0)
     np.savez(tmp_path / "a.npz", x=x[:, 0, :], y=y)           # (N, 12): samples of shape (12,)
     out = str(tmp_path / "d")

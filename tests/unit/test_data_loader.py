@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 import torch
 
-from data_tools.sources import from_arrays
-from data_tools.writer import convert
+from hpctrain.data_tools.sources import from_arrays
+from hpctrain.data_tools.writer import convert
 from hpctrain.data import ShardLoader, ShardSet, read_index
 from hpctrain.data.augment import Augment
 from hpctrain.data.index import write_index

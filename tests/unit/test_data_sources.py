@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from data_tools.__main__ import main as tools_main
-from data_tools.cifar import UnsafePickleError, safe_load
-from data_tools.readers import SOURCES
-from data_tools.sources import SourceError
-from data_tools.writer import convert
+from hpctrain.data_tools.cli import main as tools_main
+from hpctrain.data_tools.cifar import UnsafePickleError, safe_load
+from hpctrain.data_tools.readers import SOURCES
+from hpctrain.data_tools.sources import SourceError
+from hpctrain.data_tools.writer import convert
 from hpctrain.data import ShardSet, read_index
 from hpctrain.data.images import decode
 

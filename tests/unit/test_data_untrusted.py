@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import data_tools.sources as sources
-from data_tools.__main__ import main as tools_main
-from data_tools.readers import SOURCES
-from data_tools.sources import MAX_CLASSES, SourceError, from_arrays
-from data_tools.writer import ConvertError, convert
+import hpctrain.data_tools.sources as sources
+from hpctrain.data_tools.cli import main as tools_main
+from hpctrain.data_tools.readers import SOURCES
+from hpctrain.data_tools.sources import MAX_CLASSES, SourceError, from_arrays
+from hpctrain.data_tools.writer import ConvertError, convert
 from hpctrain.data import read_index
 
 

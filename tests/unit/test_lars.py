@@ -186,7 +186,7 @@ def test_fused_update_equals_foreach_path(nesterov, clip, monkeypatch):
     """``kernels.lars_update`` (here its CPU reference, as forced by ``fused_update=True``; on a
     GPU the CUDA kernel) gives the ``_foreach`` path's weights and momentum, fp32, over steps
     with trust-ratio, weight-decay-only and excluded 1-D groups (issue 22, finding 6)."""
-    import kernels
+    from hpctrain import kernels
     calls = []
     real = kernels.lars_update
     monkeypatch.setattr(kernels, "lars_update", lambda *a, **k: calls.append(len(a[0])) or real(*a, **k))

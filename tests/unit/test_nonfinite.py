@@ -11,8 +11,8 @@ from mpi4py import MPI
 from hpctrain import comm as comm_lib
 from hpctrain.errors import UserError
 from hpctrain.optim.loss_scale import LossScaler, all_finite, finite_flag, grads_have_inf
-from hpctrain.sync import SSGD, NonFiniteError
-from hpctrain.sync.ssgd import MAX_WIRE_SKIPS, NonFiniteGuard
+from hpctrain.update import SSGD, NonFiniteError
+from hpctrain.update.ssgd import MAX_WIRE_SKIPS, NonFiniteGuard
 from hpctrain.topology import Topology
 from hpctrain.trainer import DistributedTrainer
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from hpctrain import sync as sync_lib
+from hpctrain import update as update_lib
 from hpctrain.optim import LARS
 from hpctrain.optim.schedules import ScheduleSpec, lr_at
-from hpctrain.sync.odsgd import dc_compensate_, group_lrs, swap_data_
+from hpctrain.update.odsgd import dc_compensate_, group_lrs, swap_data_
 from hpctrain.topology import Topology
 from hpctrain.trainer import DistributedTrainer
 
@@ -251,16 +251,16 @@ def test_option_errors_name_the_field():
     for bad, key in ((dict(warmup_steps=-1), "odsgd_warmup_steps"), (dict(local_momentum=1.0), "odsgd_local_momentum"),
                      (dict(local_lr=-1.0), "odsgd_local_lr"), (dict(dc_lambda=-0.1), "odsgd_dc_lambda")):
         with pytest.raises(ValueError, match=key):
-            sync_lib.create("odsgd", model, sgd, None, **bad)
+            update_lib.create("odsgd", model, sgd, None, **bad)
     with pytest.raises(ValueError, match="odsgd_local_lr.*LARS"):
-        sync_lib.create("odsgd", model, LARS(model.parameters(), lr=1.0), None)
-    sync_lib.create("odsgd", model, LARS(model.parameters(), lr=1.0), None, local_lr=0.01).remove_hooks()
+        update_lib.create("odsgd", model, LARS(model.parameters(), lr=1.0), None)
+    update_lib.create("odsgd", model, LARS(model.parameters(), lr=1.0), None, local_lr=0.01).remove_hooks()
 
 
 def test_algorithm_options_from_config():
     from hpctrain.config import ConfigError, SyncConfig, Config, validate
-    assert sync_lib.algorithm_options(SyncConfig()) == {}
-    opts = sync_lib.algorithm_options(SyncConfig(algorithm="odsgd", odsgd_warmup_steps=50, odsgd_local_lr=0.01))
+    assert update_lib.algorithm_options(SyncConfig()) == {}
+    opts = update_lib.algorithm_options(SyncConfig(algorithm="odsgd", odsgd_warmup_steps=50, odsgd_local_lr=0.01))
     assert opts == {"warmup_steps": 50, "local_lr": 0.01, "local_momentum": 0.0, "dc_lambda": 0.0}
     cfg = Config()
     cfg.sync.comm_delay_ms = -1.0

@@ -5,7 +5,7 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from hpctrain import sync as sync_lib
+from hpctrain import update as update_lib
 from hpctrain.cli import config_from_args
 from hpctrain.config import ConfigError, validate
 from hpctrain.topology import Topology
@@ -32,7 +32,7 @@ def expected_step(x, y, w, b, lr, max_norm):
 def test_selected_from_config_and_clips_the_mean(max_norm):
     cfg = config_from_args(["--set", f"sync.algorithm={NAME}", "--run-dir", "/nonexistent/run"])
     validate(cfg)
-    assert sync_lib.algorithm_options(cfg.sync) == {}          # no config field: its default max_norm
+    assert update_lib.algorithm_options(cfg.sync) == {}          # no config field: its default max_norm
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 1).double()
     x, y = torch.randn(8, 3, dtype=torch.float64), torch.randn(8, dtype=torch.float64) * 5
@@ -55,4 +55,4 @@ def test_selected_from_config_and_clips_the_mean(max_norm):
 def test_bad_max_norm_is_one_line():
     model = torch.nn.Linear(3, 1)
     with pytest.raises(ConfigError, match=r"^sync.clipped_ssgd_max_norm: must be positive, got 0$"):
-        sync_lib.create(NAME, model, torch.optim.SGD(model.parameters(), lr=0.1), None, max_norm=0)
+        update_lib.create(NAME, model, torch.optim.SGD(model.parameters(), lr=0.1), None, max_norm=0)

@@ -6,9 +6,9 @@ import csv
 import numpy as np
 import pytest
 
-from data_tools.__main__ import main as tools_main
-from data_tools.readers import SOURCES
-from data_tools.sources import SourceError
+from hpctrain.data_tools.cli import main as tools_main
+from hpctrain.data_tools.readers import SOURCES
+from hpctrain.data_tools.sources import SourceError
 from hpctrain.data import ShardSet, read_index
 
 pytestmark = pytest.mark.usefixtures("plugin_sandbox")   # registrations undone after each test

@@ -190,7 +190,7 @@ def test_v2_index_without_blocks_is_checked_whole_at_open(digits):
 
 
 def test_verify_tool_names_the_bad_block(digits):
-    from data_tools.inspection import verify
+    from hpctrain.data_tools.inspection import verify
     path = os.path.join(digits, SHARD)
     pos = x_byte(path, 300)
     flip(path, pos)

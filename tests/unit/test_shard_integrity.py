@@ -152,7 +152,7 @@ def test_bad_sha256_field(digits):
 
 
 def data_tools(*args):
-    r = subprocess.run([sys.executable, "-m", "data_tools", *args], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "hpctrain.data_tools", *args], capture_output=True, text=True)
     return r.returncode, r.stdout, r.stderr
 
 
@@ -172,7 +172,7 @@ def test_cli_verify_and_inspect_refuse_a_flipped_byte(digits):
 
 
 def test_grid_checks_the_shards_it_reads(digits, tmp_path):
-    from data_tools.inspection import grid
+    from hpctrain.data_tools.inspection import grid
     png = str(tmp_path / "g.png")
     assert "4 train samples" in grid(digits, png, n=4)
     path = os.path.join(digits, "train-00000-of-00004.h5")

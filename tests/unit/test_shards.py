@@ -7,8 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from data_tools.sources import SOURCES
-from data_tools.writer import write_dataset
+from hpctrain.data_tools.sources import SOURCES
+from hpctrain.data_tools.writer import write_dataset
 from hpctrain.data import ShardError, ShardLoader, ShardSet, read_index
 
 
@@ -36,7 +36,7 @@ def test_round_trip_across_shards(npz_dataset):
 
 def test_digits_convert_cli(tmp_path):
     out = tmp_path / "digits"
-    r = subprocess.run([sys.executable, "-m", "data_tools", "convert", "--from", "digits", "--out", str(out),
+    r = subprocess.run([sys.executable, "-m", "hpctrain.data_tools", "convert", "--from", "digits", "--out", str(out),
                         "--shards", "3"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     idx = read_index(str(out))
@@ -46,7 +46,7 @@ def test_digits_convert_cli(tmp_path):
     want = src.splits["test"].read(0, src.splits["test"].num_samples)
     got, _ = ShardSet(idx, "test").read_range(0, idx.num_samples("test"))
     np.testing.assert_array_equal(got, want.x)
-    r = subprocess.run([sys.executable, "-m", "data_tools", "verify", str(out)], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "hpctrain.data_tools", "verify", str(out)], capture_output=True, text=True)
     assert r.returncode == 0 and "OK" in r.stdout
 
 

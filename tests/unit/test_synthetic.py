@@ -1,9 +1,9 @@
 """The generated held-out datasets: registered, deterministic, the documented shapes and classes."""
 import numpy as np
 
-import data_tools.synthetic  # noqa: F401  (registers the sources)
-from data_tools.sources import SOURCES
-from data_tools.synthetic import make_signals
+import hpctrain.data_tools.synthetic  # noqa: F401  (registers the sources)
+from hpctrain.data_tools.sources import SOURCES
+from hpctrain.data_tools.synthetic import make_signals
 from hpctrain.data.builtin import BUILTIN_DATASETS
 
 

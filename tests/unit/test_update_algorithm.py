@@ -1,12 +1,12 @@
-"""The shape every update algorithm shares (hpctrain.sync.base): what ``trainer.close()`` removes,
+"""The shape every update algorithm shares (hpctrain.update.base): what ``trainer.close()`` removes,
 and the overflow / loss-scaler skip, identical for SSGD and OD-SGD, against the scaler's maths."""
 import pytest
 import torch
 from mpi4py import MPI
 
-from hpctrain import sync as sync_lib
+from hpctrain import update as update_lib
 from hpctrain.optim.loss_scale import LossScaler, next_scale
-from hpctrain.sync import NonFiniteError, UpdateAlgorithm
+from hpctrain.update import NonFiniteError, UpdateAlgorithm
 from hpctrain.topology import Topology
 from hpctrain.trainer import DistributedTrainer
 
@@ -42,7 +42,7 @@ class CountingSync:
 
 
 def test_every_algorithm_is_an_update_algorithm():
-    assert all(issubclass(cls, UpdateAlgorithm) for cls in sync_lib.ALGORITHMS.values())
+    assert all(issubclass(cls, UpdateAlgorithm) for cls in update_lib.ALGORITHMS.values())
 
 
 def test_trainer_close_removes_odsgd_hooks_and_closes_the_sync():

@@ -1,10 +1,10 @@
 """Non-finite numbers (:class:`NonFiniteGuard`), the same for every update algorithm
-(:class:`hpctrain.sync.base.UpdateAlgorithm`) — a run stops rather than train on NaN. A NaN or
+(:class:`hpctrain.update.base.UpdateAlgorithm`) — a run stops rather than train on NaN. A NaN or
 inf in one rank's loss or gradient makes the *mean* gradient non-finite on every rank, so the
 sync's overflow flag sees it everywhere at the same step with no extra collective. Per step:
 
 * flag raised, loss scaler: the step is skipped everywhere and the scale backs off
-  (:meth:`hpctrain.sync.base.UpdateAlgorithm.apply_mean`);
+  (:meth:`hpctrain.update.base.UpdateAlgorithm.apply_mean`);
 * flag raised, no scaler: one allgather of each rank's verdict on its own loss and gradient
   (only on this path). Some rank non-finite: :class:`NonFiniteError` on every rank, naming the
   step and the rank(s). None: the finite gradients' sum overflowed on the wire (fp16: a mean

@@ -6,8 +6,8 @@ sync returns is identical on every rank, since all ranks hold the same reduced v
 skipped everywhere while the scale backs off — weights never become inf/NaN.
 
 Non-finite numbers stop a run rather than let it train on NaN, the same way for every algorithm
-(:mod:`hpctrain.sync.guard`); the overflow and loss-scaler decision is
-:meth:`hpctrain.sync.base.UpdateAlgorithm.apply_mean`, shared with OD-SGD.
+(:mod:`hpctrain.update.guard`); the overflow and loss-scaler decision is
+:meth:`hpctrain.update.base.UpdateAlgorithm.apply_mean`, shared with OD-SGD.
 """
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from collections.abc import Callable
 import torch
 
 from hpctrain.optim.loss_scale import all_finite
-from hpctrain.sync.base import ALGORITHMS, StepResult, UpdateAlgorithm, unscale_grads_
-# re-exported: where they were defined before hpctrain.sync.guard / hpctrain.sync.base
-from hpctrain.sync.guard import MAX_WIRE_SKIPS, NonFiniteError, NonFiniteGuard, agreed_overflow, sync_comm
+from hpctrain.update.base import ALGORITHMS, StepResult, UpdateAlgorithm, unscale_grads_
+# re-exported: where they were defined before hpctrain.update.guard / hpctrain.update.base
+from hpctrain.update.guard import MAX_WIRE_SKIPS, NonFiniteError, NonFiniteGuard, agreed_overflow, sync_comm
 
 __all__ = ["SSGD", "StepResult", "NonFiniteError", "NonFiniteGuard", "MAX_WIRE_SKIPS", "agreed_overflow",
            "sync_comm", "unscale_grads_"]

@@ -25,7 +25,7 @@ Step t, in this order:
    update W_t = opt(W_{t-1}, ḡ_{t-1}) with the real optimiser (SGD/LARS, momentum, weight decay)
    at step t-1's learning rates (span "optimizer"). With loss scaling, an overflow of ḡ_{t-1}
    skips this update on every rank and backs the scale off. Without, the overflow is handled
-   as SSGD's (:class:`~hpctrain.sync.ssgd.NonFiniteGuard`, naming step t-1): this rank's own
+   as SSGD's (:class:`~hpctrain.update.ssgd.NonFiniteGuard`, naming step t-1): this rank's own
    verdict is its loss of step t-1 and ŵ_t = W_{t-1} - η_l·g_{t-1}^k, finite exactly when its
    gradient was; W_t is checked after the update. So a NaN is stopped one step later than
    under SSGD, when the delayed mean arrives — the algorithm's delay, no extra check.
@@ -37,7 +37,7 @@ Step t, in this order:
    μ_l = 0 (default) this is ŵ_{t+1}^k = W_t - η_l·g_t^k and the local optimiser keeps nothing.
    η_l = ``local_lr``, or step t's lr of the parameter's group when ``local_lr`` is 0.
 
-The first ``warmup_steps`` steps are plain SSGD (the :class:`~hpctrain.sync.ssgd.SSGD` code).
+The first ``warmup_steps`` steps are plain SSGD (the :class:`~hpctrain.update.ssgd.SSGD` code).
 
 :meth:`finish` (collective; ``DistributedTrainer.finish``) completes the update in flight and
 sets ŵ := W and u := 0: a synchronisation point, after which the parameters hold the global
@@ -63,9 +63,9 @@ from hpctrain.config import check_field
 from hpctrain.errors import ConfigError
 from hpctrain.ops.metrics import NULL_TIMER, Timer
 from hpctrain.optim.loss_scale import all_finite
-from hpctrain.sync.base import ALGORITHMS, StepResult, UpdateAlgorithm, group_lrs
-from hpctrain.sync.guard import agreed_overflow
-from hpctrain.sync.ssgd import SSGD
+from hpctrain.update.base import ALGORITHMS, StepResult, UpdateAlgorithm, group_lrs
+from hpctrain.update.guard import agreed_overflow
+from hpctrain.update.ssgd import SSGD
 
 __all__ = ["ODSGD", "Round", "dc_compensate_", "group_lrs", "scales_lr_per_layer", "swap_data_"]
 

@@ -2,7 +2,7 @@
 and the one place a mean gradient becomes an update or a skipped step.
 
 An algorithm (:class:`UpdateAlgorithm`) owns what it made: the non-finite guard
-(:mod:`hpctrain.sync.guard`) and any hooks on the model, which :meth:`UpdateAlgorithm.close`
+(:mod:`hpctrain.update.guard`) and any hooks on the model, which :meth:`UpdateAlgorithm.close`
 removes. It does not own the gradient sync it is given (the trainer closes that).
 :meth:`UpdateAlgorithm.apply_mean` is the overflow / loss-scaler logic both SSGD and OD-SGD run
 once the agreed mean is in ``p.grad``; they differ only in *when* that is (SSGD: this step;
@@ -19,7 +19,7 @@ import torch
 
 from hpctrain.ops.metrics import NULL_TIMER, Timer
 from hpctrain.registry import Registry
-from hpctrain.sync.guard import NonFiniteGuard, sync_comm
+from hpctrain.update.guard import NonFiniteGuard, sync_comm
 
 # ``sync.algorithm``: each algorithm's module registers its class (ssgd first: the default).
 ALGORITHMS: Registry = Registry("sync.algorithm", "algorithm", sort_choices=False)
@@ -83,7 +83,7 @@ class UpdateAlgorithm(abc.ABC):
 
         With a loss scaler the scale advances (backs off on overflow) and an overflowed step is
         skipped; a good one is unscaled first. Without, an overflow goes to the guard, which
-        raises :class:`~hpctrain.sync.guard.NonFiniteError` or counts a wire skip
+        raises :class:`~hpctrain.update.guard.NonFiniteError` or counts a wire skip
         (``own_grads_finite()``: this rank's own verdict, asked only then). The optimiser runs
         at ``lrs`` (those of ``step``; None: the current ones), then the weights are checked.
         """

@@ -8,20 +8,24 @@ odsgd     one-step delay SGD (Xu et al., arXiv:2005.06728): the allreduce of ste
           network, many ranks); ``odsgd_warmup_steps`` plain SSGD steps first.
 ========  ===========================================================================
 
-Both derive from :class:`UpdateAlgorithm` (:mod:`hpctrain.sync.base`: ``step``, ``finish``,
+Both derive from :class:`UpdateAlgorithm` (:mod:`hpctrain.update.base`: ``step``, ``finish``,
 ``close``, ``state_dict``/``load_state_dict``, and the overflow / loss-scaler decision written
 once). Both stop on non-finite numbers the same way: :class:`NonFiniteError` (a ``UserError``:
 one line, status 2 from the CLI) on every rank at the same step, naming the step and the
-rank(s), unless a loss scaler skipped the step (:mod:`hpctrain.sync.guard`).
+rank(s), unless a loss scaler skipped the step (:mod:`hpctrain.update.guard`).
+
+This package was ``hpctrain.sync``, a name that read like the gradient sync (``trainer.sync``,
+a ``GradSync``); the old name and its submodules still import (:mod:`hpctrain.sync`), and the
+config table keeps its name ``[sync]``.
 """
 from __future__ import annotations
 
 import inspect
 
-from hpctrain.sync.base import ALGORITHMS, StepResult, UpdateAlgorithm
-from hpctrain.sync.guard import NonFiniteError
-from hpctrain.sync.odsgd import ODSGD
-from hpctrain.sync.ssgd import SSGD
+from hpctrain.update.base import ALGORITHMS, StepResult, UpdateAlgorithm
+from hpctrain.update.guard import NonFiniteError
+from hpctrain.update.odsgd import ODSGD
+from hpctrain.update.ssgd import SSGD
 
 
 def create(name: str, model, optimizer, grad_sync, **kwargs) -> UpdateAlgorithm:
