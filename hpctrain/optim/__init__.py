@@ -99,7 +99,7 @@ def optimizer_from_config(params_or_model, o) -> torch.optim.Optimizer:
     with config_errors():
         return make_optimizer(params_or_model, o.name, lr=o.lr, momentum=o.momentum,
                               weight_decay=o.weight_decay, nesterov=o.nesterov, eta=o.lars_eta,
-                              eps=o.lars_eps, exclude_1d=o.lars_exclude_1d, clip=o.lars_clip,
+                              eps=o.lars_eps, exclude_1d=o.exclude_1d, clip=o.lars_clip,
                               lr_1d_scale=o.lr_1d_scale, beta2=o.lamb_beta2, adam_eps=o.lamb_eps)
 
 

@@ -16,7 +16,8 @@ def test_digits_job_with_odsgd_and_a_slow_link(tmp_path):
     lines = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     summary = lines[-1]
     assert lines[0]["config"]["sync"]["algorithm"] == "odsgd" and summary["algorithm"] == "odsgd"
-    assert lines[0]["config"]["sync"]["comm_delay_ms"] == 1.0
+    assert lines[0]["config"]["comm"]["delay_ms"] == 1.0     # given by its old key, sync.comm_delay_ms
+    assert lines[0]["config"]["sync"]["odsgd"] == {"warmup_steps": 50}
     assert "local_update" in summary["phases_s"]          # the OD-SGD path ran, not SSGD's
     assert summary["test_accuracy"] >= 0.95, summary
 
@@ -33,7 +34,7 @@ def test_lars_without_a_local_lr_is_one_line(tmp_path):
                       "--set", "sync.algorithm=odsgd"], timeout=120)
     assert r.returncode == 2, r.stderr[-2000:]
     assert "Traceback" not in r.stderr
-    assert "hpctrain: error: sync.odsgd_local_lr: set it explicitly with LARS" in r.stderr
+    assert "hpctrain: error: sync.odsgd.local_lr: set it explicitly with LARS" in r.stderr
 
 
 @pytest.mark.slow
