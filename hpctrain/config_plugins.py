@@ -79,10 +79,12 @@ def option_problem(sec, section: str, plugin: str, name: str, value=None, *, che
     """``(spec, problem)`` of ``section.plugin.name``: the option's spec (None where there is no
     such plugin or option) and what is wrong (an unknown key, or the value's range), or None."""
     f = tables_field(sec)
-    factory = f and _factory(sec, f, plugin)
+    if f is None:
+        return None, "unknown key"
+    factory = _factory(sec, f, plugin)
     if factory is None:
-        with_options = [n for n, x in _registry(f).items() if option_schema(x)] if f else []
-        return None, f"unknown key (sub-tables of [{section}]: {', '.join(with_options) or 'none'})"
+        with_options = [n for n, x in _registry(f).items() if option_schema(x)]
+        return None, f"unknown key (sub-tables of [{section}]: {', '.join(with_options)})"
     schema = option_schema(factory)
     if name not in schema:
         return None, f"unknown key ({plugin}'s options: {', '.join(schema) or 'none'})"

@@ -1,0 +1,130 @@
+"""Plugin options in sub-tables (``[sync.odsgd]``, schema = the plugin's constructor) and renamed
+keys (old spelling read as the new key, one deprecation line each): both spellings give the same
+config, a bad sub-table key or value is one line naming it, ``--help`` lists what the registries
+hold, and reading a config imports no torch."""
+import inspect
+import subprocess
+import sys
+
+import pytest
+
+from hpctrain.cli import config_from_args
+from hpctrain.config import RENAMED, Config, ConfigError, deprecation_lines, help_text, load_toml, validate
+
+OLD_TOML = """
+[sync]
+algorithm = "odsgd"
+odsgd_warmup_steps = 7
+odsgd_local_lr = 0.05
+odsgd_local_momentum = 0.5
+odsgd_dc_lambda = 0.1
+comm_delay_ms = 3
+[optim]
+lars_exclude_1d = false
+"""
+NEW_TOML = """
+[sync]
+algorithm = "odsgd"
+[sync.odsgd]
+warmup_steps = 7
+local_lr = 0.05
+local_momentum = 0.5
+dc_lambda = 0.1
+[comm]
+delay_ms = 3
+[optim]
+exclude_1d = false
+"""
+OLD_SET = ["sync.algorithm=odsgd", "sync.odsgd_warmup_steps=7", "sync.odsgd_local_lr=0.05",
+           "sync.odsgd_local_momentum=0.5", "sync.odsgd_dc_lambda=0.1", "sync.comm_delay_ms=3",
+           "optim.lars_exclude_1d=false"]
+NEW_SET = ["sync.algorithm=odsgd", "sync.odsgd.warmup_steps=7", "sync.odsgd.local_lr=0.05",
+           "sync.odsgd.local_momentum=0.5", "sync.odsgd.dc_lambda=0.1", "comm.delay_ms=3", "optim.exclude_1d=false"]
+
+
+def from_toml(tmp_path, text):
+    f = tmp_path / "c.toml"
+    f.write_text(text)
+    cfg = Config()
+    load_toml(cfg, str(f))
+    return cfg
+
+
+def from_set(items):
+    return config_from_args([a for item in items for a in ("--set", item)])
+
+
+def test_old_and_new_spellings_give_identical_configs(tmp_path):
+    from hpctrain import sync as sync_lib
+    configs = [from_toml(tmp_path, OLD_TOML), from_toml(tmp_path, NEW_TOML), from_set(OLD_SET), from_set(NEW_SET)]
+    for cfg in configs:
+        assert cfg == configs[0] and cfg.to_dict() == configs[0].to_dict()
+    cfg = configs[0]
+    assert (cfg.comm.delay_ms, cfg.optim.exclude_1d) == (3.0, False)
+    assert sync_lib.algorithm_options(cfg.sync) == {"warmup_steps": 7, "local_lr": 0.05, "local_momentum": 0.5,
+                                                    "dc_lambda": 0.1}
+    # the dump (metrics.jsonl, checkpoints) spells the sub-table as a TOML file does
+    assert cfg.to_dict()["sync"] == {"algorithm": "odsgd", "odsgd": {"warmup_steps": 7, "local_lr": 0.05,
+                                                                     "local_momentum": 0.5, "dc_lambda": 0.1}}
+
+
+def test_algorithm_options_default_to_the_constructors():
+    from hpctrain import sync as sync_lib
+    from hpctrain.sync import ODSGD
+    defaults = {k: p.default for k, p in inspect.signature(ODSGD).parameters.items()
+                if k in ("warmup_steps", "local_lr", "local_momentum", "dc_lambda")}
+    assert sync_lib.algorithm_options(from_set(["sync.algorithm=odsgd"]).sync) == defaults
+    assert sync_lib.algorithm_options(from_set(["sync.odsgd.warmup_steps=3"]).sync) == {}    # ssgd: none
+
+
+def test_one_deprecation_line_per_old_key_naming_old_and_new(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text(OLD_TOML)
+    cfg = config_from_args(["--config", str(f), *[a for item in OLD_SET for a in ("--set", item)]])
+    lines = deprecation_lines(cfg)
+    assert len(lines) == len(RENAMED) == 6                   # each old key given twice, named once
+    for old, new in RENAMED.items():
+        assert sum(f" {old} " in x and f" {new} " in x for x in lines) == 1, (old, lines)
+    assert all(x.startswith("hpctrain: warning: config ") for x in lines)
+    assert deprecation_lines(from_toml(tmp_path, NEW_TOML)) == [] == deprecation_lines(from_set(NEW_SET))
+
+
+@pytest.mark.parametrize("items,message", [
+    (["sync.odsgd.nope=1"], "config sync.odsgd.nope: unknown key (odsgd's options: warmup_steps, local_lr, "
+                            "local_momentum, dc_lambda)"),
+    (["sync.ring.x=1"], "config sync.ring.x: unknown key (sub-tables of [sync]: odsgd)"),
+    (["sync.odsgd.warmup_steps=1.5"], "config sync.odsgd.warmup_steps: expected int, got '1.5'"),
+    (["sync.odsgd.local_lr=nan"], "config sync.odsgd.local_lr: expected a finite float, got 'nan'"),
+    (["sync.odsgd.local_momentum=1"], "config sync.odsgd.local_momentum: must be in [0, 1), got 1.0"),
+    (["sync.odsgd_local_momentum=1"], "config sync.odsgd_local_momentum: must be in [0, 1), got 1.0"),  # as given
+    (["comm.delay_ms=-1"], "config comm.delay_ms: must be in [0, 60000], got -1.0"),
+    (["sync.comm_delay_ms=-1"], "config sync.comm_delay_ms: must be in [0, 60000], got -1.0"),
+    (["sync.options=1"], "config sync.options: unknown key"),
+    (["comm.fp16.x=1"], "config comm.fp16.x: unknown key"),
+])
+def test_bad_sub_table_key_or_value_names_it(items, message):
+    with pytest.raises(ConfigError) as err:
+        validate(from_set(items + ["run.run_dir=/nonexistent/run"]))
+    assert str(err.value) == message
+
+
+def test_toml_sub_table_errors_name_the_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"^config sync\.odsgd\.warmup_steps: expected int, got 'many'$"):
+        from_toml(tmp_path, '[sync.odsgd]\nwarmup_steps = "many"\n')
+
+
+def test_help_lists_plugin_options_and_registry_choices(plugin_sandbox):
+    text = help_text()
+    assert "  sync.odsgd.warmup_steps = 200\n      plain SSGD for the first N steps (must be >= 0)" in text
+    assert "  sync.odsgd.local_momentum = 0.0\n" in text and "sync.odsgd_warmup_steps ->" in text
+    assert "      optimiser: sgd | lars | lamb\n" in text and "{choices}" not in text
+    import examples.plugins.adamw_optimizer  # noqa: F401  registers adamw
+    assert "      optimiser: sgd | lars | lamb | adamw\n" in help_text()
+
+
+def test_reading_a_config_imports_no_torch():
+    code = ("import sys; from hpctrain.cli import config_from_args; "
+            "cfg = config_from_args(['--set', 'optim.lars_exclude_1d=false', '--set', 'comm.delay_ms=1']); "
+            "print('torch' in sys.modules, 'mpi4py.MPI' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["False", "False"]
