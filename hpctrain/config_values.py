@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -127,6 +128,14 @@ def coerce(key: str, value, target_type):
         want = {"float": "a finite float", "list": "a list of finite numbers"}.get(tname, tname)
         raise ConfigError(f"config {key}: expected {want}, got {given!r}") from None
     return value
+
+
+def matching_options(fn, section, **given) -> dict:
+    """Keywords for ``fn`` from a config section: every field named as one of ``fn``'s parameters,
+    with ``given`` (renamed or computed values) over them. An option spelt alike in the section
+    and in the signature so needs no line in the adapter that calls ``fn``."""
+    params = inspect.signature(fn).parameters
+    return {f.name: getattr(section, f.name) for f in dataclasses.fields(section) if f.name in params} | given
 
 
 def registry(choices) -> tuple:

@@ -128,3 +128,51 @@ def test_reading_a_config_imports_no_torch():
             "print('torch' in sys.modules, 'mpi4py.MPI' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+# --- a data or optimiser option is written in its section and its function's signature, no adapter line ---
+def test_every_data_field_but_the_datasets_is_a_loader_keyword():
+    import dataclasses
+
+    from hpctrain.config import DataConfig
+    from hpctrain.data.factory import train_loader
+    fields = {f.name for f in dataclasses.fields(DataConfig)}
+    assert fields - set(inspect.signature(train_loader).parameters) == {"dataset", "cache_dir"}   # job._data_index
+
+
+def test_loader_adapter_passes_each_field_by_its_name(monkeypatch):
+    import functools
+
+    from hpctrain.config import DataConfig
+    from hpctrain.data import factory
+    seen = {}
+
+    @functools.wraps(factory.train_loader)
+    def record(index, topo, **kw):
+        seen.update(kw)
+    monkeypatch.setattr(factory, "train_loader", record)
+    d = DataConfig(block_size=7, shuffle_window=5, prefetch=0, augment=True, drop_last=False, augment_kind="flip",
+                   augment_flip=False, reader="node", hdf5_driver="serial", verify="off")
+    factory.train_loader_from_config(None, None, d, batch_size=3, seed=2)
+    assert seen == dict(block_size=7, shuffle_window=5, prefetch=0, augment=True, drop_last=False, augment_kind="flip",
+                        augment_flip=False, reader="node", hdf5_driver="serial", verify="off", batch_size=3, seed=2,
+                        raw=False)
+
+
+def test_optimiser_adapter_passes_each_field(monkeypatch):
+    import functools
+
+    import hpctrain.optim as optim_lib
+    seen = {}
+
+    @functools.wraps(optim_lib.make_optimizer)
+    def record(params_or_model, name, lr, **kw):
+        seen.update(kw, name=name, lr=lr)
+    monkeypatch.setattr(optim_lib, "make_optimizer", record)
+    o = from_set(["optim.name=lamb", "optim.lr=0.3", "optim.momentum=0.8", "optim.weight_decay=0.01",
+                  "optim.nesterov=true", "optim.exclude_1d=false", "optim.lars_eta=0.002", "optim.lars_eps=1e-8",
+                  "optim.lars_clip=true", "optim.lr_1d_scale=0.5", "optim.lamb_beta2=0.99",
+                  "optim.lamb_eps=1e-7"]).optim
+    optim_lib.optimizer_from_config([], o)
+    assert seen == dict(name="lamb", lr=0.3, momentum=0.8, weight_decay=0.01, nesterov=True, exclude_1d=False,
+                        eta=0.002, eps=1e-8, clip=True, lr_1d_scale=0.5, beta2=0.99, adam_eps=1e-7)
