@@ -176,3 +176,10 @@ def test_optimiser_adapter_passes_each_field(monkeypatch):
     optim_lib.optimizer_from_config([], o)
     assert seen == dict(name="lamb", lr=0.3, momentum=0.8, weight_decay=0.01, nesterov=True, exclude_1d=False,
                         eta=0.002, eps=1e-8, clip=True, lr_1d_scale=0.5, beta2=0.99, adam_eps=1e-7)
+
+
+def test_recompute_bn_stats_is_exported_and_polish_bn_is_its_alias():
+    import hpctrain
+    from hpctrain.polish import recompute_bn_stats
+    assert hpctrain.recompute_bn_stats is recompute_bn_stats is hpctrain.polish_bn
+    assert {"recompute_bn_stats", "polish_bn"} <= set(hpctrain.__all__)
