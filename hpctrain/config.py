@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from hpctrain.config_plugins import help_lines, plugin_tables, set_option, table_problems
 from hpctrain.config_values import (FRACTION, INF, LOSS_SCALE, LR, NON_NEGATIVE, POSITIVE, Option, Range, coerce,
-                                    field_problem, opt, registry)
+                                    field_problem, is_plugin_spec, opt, registry)
 from hpctrain.errors import ConfigError
 
 __all__ = ["Config", "ConfigError", "Range", "Option", "INF", "POSITIVE", "NON_NEGATIVE", "FRACTION", "LR",
@@ -40,7 +40,8 @@ __all__ = ["Config", "ConfigError", "Range", "Option", "INF", "POSITIVE", "NON_N
 @dataclass
 class DataConfig:
     dataset: str = opt("digits", "'digits' (bundled scikit-learn digits), 'signal1d' or 'tabular' (generated, "
-                       "data_tools/synthetic.py), converted on first use, or a shard directory")
+                       "data_tools/synthetic.py) or 'package.module:name' (a data-source plugin that needs no "
+                       "file), converted on first use, or a shard directory")
     cache_dir: str = opt("~/.cache/hpctrain", "where built-in datasets are converted to shards")
     block_size: int = opt(32, "samples per contiguous block in the per-epoch shuffle plan", range=POSITIVE)
     shuffle_window: int = opt(1024, "samples shuffled together in memory after contiguous reads",
@@ -318,6 +319,14 @@ def dir_problem(path: str) -> str | None:
     return f"{path}: {probe} is not a directory"
 
 
+def _dataset_problem(dataset: str) -> str | None:
+    """Why ``package.module:name`` selects no data source (:data:`data_tools.sources.SOURCES`), or None."""
+    if not is_plugin_spec(dataset):
+        return None
+    from data_tools.readers import SOURCES
+    return SOURCES.plugin_problem(dataset)
+
+
 def validate(cfg: Config, world_size: int = 1) -> None:
     """Check values that would otherwise fail later, on some ranks, with a traceback (or train on
     NaN): every field's range or choices, then what depends on several fields or the file system."""
@@ -333,6 +342,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         (cfg.train.batch_size % world_size == 0, "train.batch_size",
          f"global batch {cfg.train.batch_size} is not divisible by {world_size} ranks"),
         (not dir_problem(cfg.run.run_dir), "run.run_dir", dir_problem(cfg.run.run_dir)),
+        (not _dataset_problem(cfg.data.dataset), "data.dataset", _dataset_problem(cfg.data.dataset)),
         (not cfg.ckpt.dir or not dir_problem(cfg.ckpt.dir), "ckpt.dir", cfg.ckpt.dir and dir_problem(cfg.ckpt.dir)),
     ]
     for ok, key, msg in checks:

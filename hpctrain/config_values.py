@@ -11,6 +11,8 @@ import dataclasses
 import importlib
 import inspect
 import math
+import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -136,6 +138,14 @@ def matching_options(fn, section, **given) -> dict:
     and in the signature so needs no line in the adapter that calls ``fn``."""
     params = inspect.signature(fn).parameters
     return {f.name: getattr(section, f.name) for f in dataclasses.fields(section) if f.name in params} | given
+
+
+_PLUGIN_SPEC = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+
+
+def is_plugin_spec(value: str) -> bool:
+    """Is ``value`` a ``package.module:name`` plugin reference (and not an existing directory)?"""
+    return bool(_PLUGIN_SPEC.fullmatch(value)) and not os.path.isdir(value)
 
 
 def registry(choices) -> tuple:

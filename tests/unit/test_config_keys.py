@@ -183,3 +183,48 @@ def test_recompute_bn_stats_is_exported_and_polish_bn_is_its_alias():
     from hpctrain.polish import recompute_bn_stats
     assert hpctrain.recompute_bn_stats is recompute_bn_stats is hpctrain.polish_bn
     assert {"recompute_bn_stats", "polish_bn"} <= set(hpctrain.__all__)
+
+
+RAMP_SOURCE = '''
+import numpy as np
+from data_tools.sources import from_arrays, source
+
+
+@source("ramp")
+def ramp(src, **_):
+    x = np.arange(40, dtype=np.float32).reshape(20, 2)
+    y = np.arange(20) % 2
+    return from_arrays({"train": (x[:16], y[:16]), "test": (x[16:], y[16:])}, ["even", "odd"], "ramp")
+'''
+
+
+def test_dataset_may_name_a_data_source_plugin(tmp_path, monkeypatch, plugin_sandbox):
+    """``data.dataset = "module:name"``: the plugin (registered like ``data_tools convert --from``
+    takes it) is converted on first use into the cache, as a built-in dataset is."""
+    from mpi4py import MPI
+
+    from hpctrain.data import ShardSet, read_index
+    from hpctrain.data.builtin import resolve_dataset
+    (tmp_path / "ramp_source_for_test.py").write_text(RAMP_SOURCE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "ramp_source_for_test", raising=False)
+    cfg = from_set(["data.dataset=ramp_source_for_test:ramp", f"data.cache_dir={tmp_path / 'cache'}",
+                    f"run.run_dir={tmp_path / 'run'}"])
+    validate(cfg)
+    path = resolve_dataset(cfg.data.dataset, cfg.data.cache_dir, MPI.COMM_SELF)
+    assert path == str(tmp_path / "cache" / "plugin-ramp_source_for_test.ramp")
+    got = {}
+    for split in ("train", "test"):
+        s = ShardSet(read_index(path), split)
+        got[split] = s.read_range(0, s.num_samples)
+        s.close()
+    x = sorted(map(tuple, got["train"][0])) + sorted(map(tuple, got["test"][0]))
+    assert x == [(2.0 * i, 2.0 * i + 1) for i in range(20)]
+    assert sorted(got["test"][1].tolist()) == [0, 0, 1, 1]
+    sys.modules.pop("ramp_source_for_test", None)
+
+
+def test_dataset_plugin_that_does_not_import_is_one_line(tmp_path):
+    with pytest.raises(ConfigError, match=r"^config data\.dataset: plugin 'no_such_module_x:ramp': cannot import"):
+        validate(from_set(["data.dataset=no_such_module_x:ramp", f"run.run_dir={tmp_path / 'run'}"]))
+    validate(from_set([f"data.dataset={tmp_path}", f"run.run_dir={tmp_path / 'run'}"]))   # a directory is not
