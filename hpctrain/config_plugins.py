@@ -17,6 +17,7 @@ import functools
 import importlib
 import inspect
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from hpctrain.config_values import Option, coerce, field_problem
@@ -124,12 +125,13 @@ def plugin_options(sec, chosen: str) -> dict:
     return {k: given.get(k, spec.default) for k, spec in option_schema(factory).items()}
 
 
-def check_options(factory, prefix: str, values: dict) -> None:
-    """Check option values given in code (the library API) against ``factory``'s schema, as
-    :func:`hpctrain.config.validate` does for the config; a ConfigError names ``prefix.key``."""
-    schema = option_schema(factory)
-    for key, value in values.items():
-        problem = field_problem(schema[key].option, value, key)
+def check_options(factory, prefix: str, values: Mapping) -> None:
+    """Check the option values given in code (the library API) against ``factory``'s schema, as
+    :func:`hpctrain.config.validate` checks the config; a ConfigError names ``prefix.key``.
+    ``values``: the constructor's ``locals()`` will do (keys outside the schema are ignored),
+    so a new option needs no line here."""
+    for key, spec in option_schema(factory).items():
+        problem = field_problem(spec.option, values[key], key) if key in values else None
         if problem:
             raise ConfigError(f"config {prefix}.{key}: {problem}")
 

@@ -30,7 +30,7 @@ class ClippedSSGD(SSGD):
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_sync, *,
                  max_norm: Annotated[float, Option("clip the mean gradient to this global L2 norm", POSITIVE)] = 1.0,
                  **kwargs):
-        check_options(ClippedSSGD, "sync.clipped_ssgd", {"max_norm": max_norm})
+        check_options(ClippedSSGD, "sync.clipped_ssgd", locals())
         super().__init__(model, optimizer, grad_sync, **kwargs)
         self.max_norm = float(max_norm)
 

@@ -115,8 +115,7 @@ class ODSGD(UpdateAlgorithm):
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_sync, *,
                  warmup_steps: WarmupSteps = 200, local_lr: LocalLr = 0.0, local_momentum: LocalMomentum = 0.0,
                  dc_lambda: DcLambda = 0.0, scaler=None, timer: Timer = NULL_TIMER):
-        check_options(ODSGD, "sync.odsgd", {"warmup_steps": warmup_steps, "local_lr": local_lr,
-                                            "local_momentum": local_momentum, "dc_lambda": dc_lambda})
+        check_options(ODSGD, "sync.odsgd", locals())      # each Option-annotated keyword's range
         if local_lr == 0 and scales_lr_per_layer(optimizer):
             raise ConfigError("sync.odsgd.local_lr: set it explicitly with LARS (its lr is scaled per layer "
                              "by trust ratios, so the raw global lr would make the local step far too large)")
