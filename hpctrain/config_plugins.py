@@ -41,8 +41,7 @@ def plugin_tables(registry: str, help: str):
 @functools.cache
 def option_schema(factory) -> dict[str, OptionSpec]:
     """The options of ``factory`` (a class or a function): its keywords annotated with an Option."""
-    target = factory.__init__ if inspect.isclass(factory) else factory
-    hints = typing.get_type_hints(target, include_extras=True)
+    hints = _hints(factory.__init__ if inspect.isclass(factory) else factory)
     specs = {}
     for p in inspect.signature(factory).parameters.values():
         hint = hints.get(p.name)
@@ -52,6 +51,21 @@ def option_schema(factory) -> dict[str, OptionSpec]:
             if option is not None:
                 specs[p.name] = OptionSpec(p.name, base, p.default, option)
     return specs
+
+
+def _hints(target) -> dict:
+    """``target``'s annotations, resolved; where one names what only a type checker imports
+    (``if TYPE_CHECKING:``), the others, each on its own."""
+    try:
+        return typing.get_type_hints(target, include_extras=True)
+    except NameError:
+        hints = {}
+        for name, ann in getattr(target, "__annotations__", {}).items():
+            try:
+                hints[name] = eval(ann, getattr(target, "__globals__", {})) if isinstance(ann, str) else ann
+            except Exception:
+                continue
+        return hints
 
 
 def tables_field(sec) -> dataclasses.Field | None:

@@ -5,11 +5,13 @@ hold, and reading a config imports no torch."""
 import inspect
 import subprocess
 import sys
+from typing import Annotated  # noqa: F401  (read by a string annotation below)
 
 import pytest
 
 from hpctrain.cli import config_from_args
 from hpctrain.config import RENAMED, Config, ConfigError, deprecation_lines, help_text, load_toml, validate
+from hpctrain.config_values import NON_NEGATIVE, Option
 
 OLD_TOML = """
 [sync]
@@ -228,3 +230,13 @@ def test_dataset_plugin_that_does_not_import_is_one_line(tmp_path):
     with pytest.raises(ConfigError, match=r"^config data\.dataset: plugin 'no_such_module_x:ramp': cannot import"):
         validate(from_set(["data.dataset=no_such_module_x:ramp", f"run.run_dir={tmp_path / 'run'}"]))
     validate(from_set([f"data.dataset={tmp_path}", f"run.run_dir={tmp_path / 'run'}"]))   # a directory is not
+
+
+def test_schema_reads_the_options_where_another_annotation_does_not_resolve():
+    from hpctrain.config_plugins import option_schema
+
+    def factory(model: "OnlyForTypeCheckers", *, steps: "Annotated[int, Option('n', NON_NEGATIVE)]" = 3,  # noqa: F821
+                plain: int = 0):
+        return model
+    (spec,) = option_schema(factory).values()
+    assert (spec.name, spec.type, spec.default, spec.option) == ("steps", int, 3, Option("n", NON_NEGATIVE))
