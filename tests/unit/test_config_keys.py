@@ -240,3 +240,14 @@ def test_schema_reads_the_options_where_another_annotation_does_not_resolve():
         return model
     (spec,) = option_schema(factory).values()
     assert (spec.name, spec.type, spec.default, spec.option) == ("steps", int, 3, Option("n", NON_NEGATIVE))
+
+
+def test_cli_help_lists_the_sub_table_keys():
+    import os
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    r = subprocess.run([sys.executable, "-m", "hpctrain", "--help"], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    for key in ("sync.odsgd.warmup_steps = 200", "sync.odsgd.dc_lambda = 0.0", "comm.delay_ms = 0.0",
+                "optim.exclude_1d = True", "optim.lars_exclude_1d -> optim.exclude_1d"):
+        assert key in r.stdout, key
