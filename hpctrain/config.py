@@ -37,6 +37,7 @@ __all__ = ["Config", "ConfigError", "Range", "Option", "INF", "POSITIVE", "NON_N
            "TrainConfig", "OptimConfig", "CommConfig", "SyncConfig", "PrecisionConfig", "PolishConfig",
            "CheckpointConfig", "RunConfig"]
 
+
 @dataclass
 class DataConfig:
     dataset: str = opt("digits", "'digits' (bundled scikit-learn digits), 'signal1d' or 'tabular' (generated, "

@@ -2,8 +2,10 @@
 check of one value against its range or choices.
 
 Shared by the sections' fields (:mod:`hpctrain.config`) and the plugin options read from a
-plugin's constructor (:mod:`hpctrain.config_plugins`), so each rule is written once. Imports
-neither torch nor MPI: a choice field's registry is imported only when a value is checked.
+plugin's constructor (:mod:`hpctrain.config_plugins`), so each rule is written once; with the
+two helpers the adapters share (:func:`matching_options`: a section's fields as a function's
+keywords; :func:`is_plugin_spec`: is a value ``package.module:name``). Imports neither torch
+nor MPI: a choice field's registry is imported only when a value is checked.
 """
 from __future__ import annotations
 
