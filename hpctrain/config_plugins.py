@@ -96,6 +96,8 @@ def option_problem(sec, section: str, plugin: str, name: str, value=None, *, che
     f = tables_field(sec)
     if f is None:
         return None, "unknown key"
+    if ":" in plugin:               # the sub-table is the registered name, as plugin_options reads it
+        return None, f"unknown key (name the sub-table by the plugin's registered name, {plugin.partition(':')[2]})"
     factory = _factory(sec, f, plugin)
     if factory is None:
         with_options = [n for n, x in _registry(f).items() if option_schema(x)]

@@ -103,6 +103,8 @@ def test_one_deprecation_line_per_old_key_naming_old_and_new(tmp_path):
     (["sync.comm_delay_ms=-1"], "config sync.comm_delay_ms: must be in [0, 60000], got -1.0"),
     (["sync.options=1"], "config sync.options: unknown key"),
     (["comm.fp16.x=1"], "config comm.fp16.x: unknown key"),
+    (["sync.mod:odsgd.x=1"], "config sync.mod:odsgd.x: unknown key (name the sub-table by the plugin's registered "
+                             "name, odsgd)"),
 ])
 def test_bad_sub_table_key_or_value_names_it(items, message):
     with pytest.raises(ConfigError) as err:
