@@ -47,7 +47,7 @@ def main():
         if args.max_steps and trainer.step_count >= args.max_steps:
             break
     before = evaluate(trainer, args.data, topo)
-    hpctrain.polish_bn(model, loader.epoch(args.epochs), topo.comm)
+    hpctrain.recompute_bn_stats(model, loader.epoch(args.epochs), topo.comm)
     after = evaluate(trainer, args.data, topo)
     if topo.rank == 0:
         print(f"test accuracy {before:.4f} before, {after:.4f} after BN polishing")

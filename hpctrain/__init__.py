@@ -16,11 +16,11 @@ _EXPORTS = {
     "Topology": "hpctrain.topology",
     "LARS": "hpctrain.optim", "LAMB": "hpctrain.optim", "make_optimizer": "hpctrain.optim", "lr_at": "hpctrain.optim",
     "ScheduleSpec": "hpctrain.optim", "spec_from_config": "hpctrain.optim", "LossScaler": "hpctrain.optim",
-    "polish_bn": "hpctrain.polish",
+    "recompute_bn_stats": "hpctrain.polish", "polish_bn": "hpctrain.polish",
     "build_model": "hpctrain.models",
     "Config": "hpctrain.config",
 }
-_RENAMED = {"polish_bn": "recompute_bn_stats"}
+_RENAMED = {"polish_bn": "recompute_bn_stats"}     # the older name, kept (documented) as an alias
 
 __all__ = ["__version__", *_EXPORTS]
 

@@ -30,15 +30,24 @@ FLAGS = {
 }
 
 
+class _KeysParser(argparse.ArgumentParser):
+    """Lists the config keys after the options: read from the registries (plugins' choices and
+    options; torch is imported) only when the help is printed, not on every parse."""
+
+    def format_help(self) -> str:
+        from hpctrain.config import help_text
+        self.epilog = ("configuration keys (TOML [section] key = value, [section.plugin] for a plugin's options, "
+                       "or --set section.key=value):\n" + help_text())
+        return super().format_help()
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from hpctrain.config import help_text
-    ap = argparse.ArgumentParser(
+    ap = _KeysParser(
         prog="python -m hpctrain",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train with synchronous data-parallel SGD over MPI. Launch with "
                     "`mpiexec -n N python -m hpctrain [options]`. Other subcommands: "
-                    + ", ".join(s for s in SUBCOMMANDS if s != "train") + ".",
-        epilog="configuration keys (TOML [section] key = value, or --set section.key=value):\n" + help_text())
+                    + ", ".join(s for s in SUBCOMMANDS if s != "train") + ".")
     ap.add_argument("--config", metavar="FILE", help="TOML file with [section] tables of config keys")
     ap.add_argument("--set", metavar="KEY=VALUE", action="append", default=[], dest="overrides",
                     help="override a config key, e.g. --set optim.lr=0.2 (repeatable)")
@@ -74,6 +83,8 @@ def quiet_config(argv: list[str]):
     once MPI is up, on every rank; nothing is printed here, not even ``--help``)."""
     import contextlib
     import io
+    if "-h" in argv or "--help" in argv:
+        return None                 # the help reads the registries (MPI's among them): printed later
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             return config_from_args(argv)
@@ -108,7 +119,7 @@ def train_main(argv: list[str]) -> int:
     gpu_bind.early_bind(early.train.device if early else None)    # before MPI_Init: a CUDA-aware MPI's context
     from mpi4py import MPI
 
-    from hpctrain.config import ConfigError, validate
+    from hpctrain.config import ConfigError, deprecation_lines, validate
     from hpctrain.errors import UserError
     from hpctrain.ops.abort import install_abort_hook
     from hpctrain.ops.agree import agree
@@ -124,6 +135,9 @@ def train_main(argv: list[str]) -> int:
             error = exc
         agree(comm, error)          # a file-system check may fail on one node only: stop every rank
         assert cfg is not None              # agree raised otherwise
+        if comm.Get_rank() == 0:
+            for line in deprecation_lines(cfg):
+                print(line, file=sys.stderr, flush=True)
         from hpctrain.job import run
         summary = run(cfg, comm)
     except Stopped as exc:          # SIGTERM/SIGUSR1: checkpoint written, resumable

@@ -6,74 +6,43 @@ them all. Bad values raise :class:`ConfigError` whose message names the field �
 prints it as one line on rank 0 and every rank exits with status 2.
 
 Numbers: every int and float field carries a :class:`Range` (shown by ``--help``); NaN and ±inf
-are refused for every float field when the value is read (``_coerce``), the range by
-:func:`validate`. Choice fields name their registry (``choices="hpctrain.comm:STRATEGIES"``), which
-:func:`validate` imports, so a strategy, compression, schedule… added there is accepted here
-without re-typing the list (the registries pull in torch and MPI, hence the lazy import). A
-value ``package.module:name`` selects a plugin outside the tree (:mod:`hpctrain.registry`).
+are refused for every float field when the value is read (``coerce``), the range by
+:func:`validate` (both in :mod:`hpctrain.config_values`). Choice fields name their registry
+(``choices="hpctrain.comm:STRATEGIES"``), which :func:`validate` and ``--help`` import, so a
+strategy, compression, schedule… added there is accepted and listed here without re-typing the
+list (the registries pull in torch, hence the lazy import). A value ``package.module:name``
+selects a plugin outside the tree (:mod:`hpctrain.registry`). A plugin's own options live in a
+sub-table (``[sync.odsgd]``) whose schema is the plugin's constructor
+(:mod:`hpctrain.config_plugins`).
+
+Renamed keys (:data:`RENAMED`) are read as their new key; the entry point prints one deprecation
+line for each on rank 0 (:func:`deprecation_lines`); an error names the key as written.
 """
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import math
 import os
 import tomllib
 import typing
 from dataclasses import dataclass, field
 
+from hpctrain.config_plugins import help_lines, plugin_tables, set_option, table_problems
+from hpctrain.config_values import (FRACTION, INF, LOSS_SCALE, LR, NON_NEGATIVE, POSITIVE, Option, Range, coerce,
+                                    field_problem, is_plugin_spec, opt, registry)
 from hpctrain.errors import ConfigError
 
-INF = math.inf
-
-
-@dataclass(frozen=True)
-class Range:
-    """The values a numeric field accepts: ``lo``..``hi``, each end closed unless marked open."""
-    lo: float
-    hi: float
-    lo_open: bool = False
-    hi_open: bool = False
-
-    def __contains__(self, x) -> bool:
-        above = x > self.lo if self.lo_open else x >= self.lo
-        below = x < self.hi if self.hi_open else x <= self.hi
-        return above and below
-
-    def describe(self) -> str:
-        """``positive``, ``>= 0`` or ``in [lo, hi)`` (what follows "must be" in an error)."""
-        if self.hi == INF and self.lo == 0:
-            return "positive" if self.lo_open else ">= 0"
-        if self.hi == INF:
-            return f"{'>' if self.lo_open else '>='} {_num(self.lo)}"
-        return f"in {'(' if self.lo_open else '['}{_num(self.lo)}, {_num(self.hi)}{')' if self.hi_open else ']'}"
-
-
-def _num(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() and abs(x) < 1e16 else f"{x:g}"
-
-
-POSITIVE, NON_NEGATIVE, FRACTION = Range(0, INF, lo_open=True), Range(0, INF), Range(0, 1, hi_open=True)
-LR = Range(0, 1e3, lo_open=True)
-# = LossScaler's default min_scale / max_scale (tests/unit/test_config.py checks they agree): a
-# scale of at most 2**24 keeps loss * scale and the scaled gradients finite in fp32, and fp16
-# overflows back off from there.
-LOSS_SCALE = Range(1.0, 2.0 ** 24)
-
-
-def opt(default, help: str, *, range: Range | None = None, choices=None, **kw):
-    """A dataclass field with a help text for ``--help``; numeric fields give their ``range``,
-    choice fields their ``choices`` (a tuple, or ``"module:NAME"`` of the registry to check)."""
-    meta = {"help": help, "range": range, "choices": choices}
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata=meta, **kw)
-    return field(default=default, metadata=meta, **kw)
+__all__ = ["Config", "ConfigError", "Range", "Option", "INF", "POSITIVE", "NON_NEGATIVE", "FRACTION", "LR",
+           "LOSS_SCALE", "RENAMED", "opt", "registry", "field_problem", "sections", "help_text", "set_value",
+           "load_toml", "check_field", "validate", "deprecation_lines", "DataConfig", "ModelConfig",
+           "TrainConfig", "OptimConfig", "CommConfig", "SyncConfig", "PrecisionConfig", "PolishConfig",
+           "CheckpointConfig", "RunConfig"]
 
 
 @dataclass
 class DataConfig:
     dataset: str = opt("digits", "'digits' (bundled scikit-learn digits), 'signal1d' or 'tabular' (generated, "
-                       "data_tools/synthetic.py), converted on first use, or a shard directory")
+                       "data_tools/synthetic.py) or 'package.module:name' (a data-source plugin that needs no "
+                       "file), converted on first use, or a shard directory")
     cache_dir: str = opt("~/.cache/hpctrain", "where built-in datasets are converted to shards")
     block_size: int = opt(32, "samples per contiguous block in the per-epoch shuffle plan", range=POSITIVE)
     shuffle_window: int = opt(1024, "samples shuffled together in memory after contiguous reads",
@@ -120,7 +89,7 @@ class TrainConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = opt("sgd", "optimiser: sgd | lars | lamb", choices="hpctrain.optim:OPTIMIZERS")
+    name: str = opt("sgd", "optimiser: {choices}", choices="hpctrain.optim:OPTIMIZERS")
     recipe: str = opt("none", "none: lr, lars_eta, warm-up and schedule as given | auto: the large-batch table "
                       "(docs/large-batch.md) sets them from the global batch, the optimiser and whether the model "
                       "normalises (lars, lamb)", choices="hpctrain.optim.recipe:RECIPES")
@@ -130,9 +99,9 @@ class OptimConfig:
     momentum: float = opt(0.9, "momentum", range=FRACTION)
     weight_decay: float = opt(1e-4, "weight decay (never on BN/bias when exclusion is on)", range=Range(0, 1))
     nesterov: bool = opt(False, "Nesterov momentum")
-    schedule: str = opt("cosine", "decay after warmup: constant | step | cosine | poly",
+    schedule: str = opt("cosine", "decay after warmup: {choices}",
                         choices="hpctrain.optim.schedules:KINDS")
-    warmup: str = opt("linear", "warmup: none | linear | hybrid", choices="hpctrain.optim.schedules:WARMUPS")
+    warmup: str = opt("linear", "warmup: {choices}", choices="hpctrain.optim.schedules:WARMUPS")
     warmup_epochs: float = opt(1.0, "warmup length in epochs", range=Range(0, 1e5))
     hybrid_hold_epochs: float = opt(-1.0, "hybrid warmup: epochs held at the peak after warmup (<0: = warmup_epochs)",
                                     range=Range(-1, 1e5))
@@ -143,8 +112,8 @@ class OptimConfig:
     label_smoothing: float = opt(0.0, "label smoothing of the cross-entropy loss", range=FRACTION)
     lars_eta: float = opt(0.001, "LARS trust coefficient eta", range=Range(0, 1, lo_open=True))
     lars_eps: float = opt(1e-9, "LARS epsilon in the trust ratio denominator", range=Range(0, 1))
-    lars_exclude_1d: bool = opt(True, "exclude 1-D parameters (BN, bias) from the trust ratio (LARS, LAMB) and "
-                                "weight decay")
+    exclude_1d: bool = opt(True, "exclude 1-D parameters (BN, bias) from weight decay (every optimiser) and "
+                           "from the trust ratio (LARS, LAMB)")
     lars_clip: bool = opt(False, "LARC-style clipping of the trust ratio")
     lr_1d_scale: float = opt(1.0, "LARS/LAMB: lr multiplier of the 1-D parameters excluded from the trust ratio "
                              "(1: the raw lr, as MLPerf; too large for a BN-free net, docs/large-batch.md)",
@@ -155,34 +124,29 @@ class OptimConfig:
 
 @dataclass
 class CommConfig:
-    strategy: str = opt("auto", "gradient allreduce strategy: auto (hierarchical where a node holds several ranks, "
-                        "else flat) | flat | hierarchical (README table)", choices="hpctrain.comm:STRATEGIES")
-    compression: str = opt("none", "wire compression: none | fp16", choices="hpctrain.comm:COMPRESSIONS")
+    strategy: str = opt("auto", "gradient allreduce strategy: {choices}; auto: hierarchical where a node holds "
+                        "several ranks, else flat (README table)", choices="hpctrain.comm:STRATEGIES")
+    compression: str = opt("none", "wire compression: {choices}", choices="hpctrain.comm:COMPRESSIONS")
     ranks_per_node: int = opt(0, "emulate K ranks per node (0: real nodes via COMM_TYPE_SHARED)", range=NON_NEGATIVE)
     bucket_mb: float = opt(25.0, "fusion bucket size in MB", range=Range(0, 65536, lo_open=True))
     overlap: bool = opt(False, "start bucket allreduces during backward (off: measured faster on CPU "
                         "hosts, README)")
     tune: str = opt("measure", "per bucket, MPI's allreduce or the ring: measure (time both at start-up) "
                     "| static (a fixed size rule)", choices="hpctrain.comm.tuner:TUNES")
+    delay_ms: float = opt(0.0, "inject this latency into every gradient allreduce (testing: an emulated slow link)",
+                          range=Range(0, 60000))
 
 
 @dataclass
 class SyncConfig:
-    algorithm: str = opt("ssgd", "update algorithm: ssgd (synchronous) | odsgd (one-step delay)",
-                         choices="hpctrain.sync:ALGORITHMS")
-    odsgd_warmup_steps: int = opt(200, "OD-SGD: plain SSGD for the first N steps", range=NON_NEGATIVE)
-    odsgd_local_lr: float = opt(0.0, "OD-SGD: lr of the local compensating update (0: the global lr)",
-                                range=Range(0, 1e3))
-    odsgd_local_momentum: float = opt(0.0, "OD-SGD: momentum of the local optimiser (0: stateless W - lr*g)",
-                                      range=FRACTION)
-    odsgd_dc_lambda: float = opt(0.0, "OD-SGD: DC-ASGD delay-compensation strength (0: off)", range=Range(0, 1e3))
-    comm_delay_ms: float = opt(0.0, "inject this latency into every gradient allreduce (testing)",
-                               range=Range(0, 60000))
+    algorithm: str = opt("ssgd", "update algorithm: {choices}; ssgd: synchronous, odsgd: one-step delay",
+                         choices="hpctrain.update:ALGORITHMS")
+    options: dict = plugin_tables("hpctrain.update:ALGORITHMS", "[sync.NAME]: the options of algorithm NAME")
 
 
 @dataclass
 class PrecisionConfig:
-    compute: str = opt("fp32", "compute precision: fp32 | bf16 | fp16 (autocast where supported)",
+    compute: str = opt("fp32", "compute precision: {choices} (autocast where supported)",
                        choices="hpctrain.trainer:AUTOCAST_DTYPES")
     loss_scale: str = opt("none", "loss scaling: none | dynamic | a fixed number", range=LOSS_SCALE)
     init_scale: float = opt(65536.0, "initial dynamic loss scale", range=LOSS_SCALE)
@@ -229,8 +193,25 @@ class Config:
     ckpt: CheckpointConfig = field(default_factory=CheckpointConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
+    def __post_init__(self) -> None:
+        self.renamed: dict[str, str] = {}       # new key -> the old one it was given as (not a field)
+
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """``{section: {key: value}}``; a plugin's options as its sub-table (``sync.odsgd``), as written."""
+        out = dataclasses.asdict(self)
+        for name, sec in sections(self):
+            for f in dataclasses.fields(sec):
+                if "plugins" in f.metadata:
+                    out[name].update(out[name].pop(f.name))
+        return out
+
+
+# Old key -> new key: read as the new one, with one deprecation line each (users' files keep working).
+RENAMED = {
+    "sync.comm_delay_ms": "comm.delay_ms",                  # it configures the comm layer
+    "optim.lars_exclude_1d": "optim.exclude_1d",            # it governs SGD's weight decay too
+    **{f"sync.odsgd_{k}": f"sync.odsgd.{k}" for k in ("warmup_steps", "local_lr", "local_momentum", "dc_lambda")},
+}
 
 
 def sections(cfg: Config):
@@ -239,83 +220,48 @@ def sections(cfg: Config):
         yield f.name, getattr(cfg, f.name)
 
 
+def _help(f: dataclasses.Field) -> str:
+    """A field's help; ``{choices}`` in it becomes its registry's names, read now (``--help``)."""
+    text = f.metadata.get("help", "")
+    return text.replace("{choices}", " | ".join(registry(f.metadata["choices"]))) if "{choices}" in text else text
+
+
 def help_text(cfg: Config | None = None) -> str:
-    """All keys with type, default, help and range, for ``--help``."""
+    """All keys with type, default, help and range, for ``--help``: each plugin's options too
+    (imports the registries, hence torch: call it when the help is printed)."""
     cfg = cfg or Config()
     lines = []
     for name, sec in sections(cfg):
         for f in dataclasses.fields(sec):
+            if "plugins" in f.metadata:
+                lines += help_lines(sec, name)
+                continue
             default = getattr(sec, f.name)
             rng = f.metadata.get("range")
             extra = f" (must be {rng.describe()})" if rng is not None else ""
-            lines.append(f"  {name}.{f.name} = {default!r}\n      {f.metadata.get('help', '')}{extra}")
-    return "\n".join(lines)
-
-
-def _finite(x: float) -> float:
-    if not math.isfinite(x):
-        raise ValueError
-    return x
-
-
-def _number(v):
-    """A list element: an int or a finite float (not a bool)."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ValueError
-    return v if isinstance(v, int) else _finite(v)
-
-
-def _coerce(key: str, value, target_type):
-    """Convert a TOML or string value to the field's type, or raise ConfigError naming the key.
-
-    Floats must be finite: NaN and ±inf (``inf``, ``nan``, ``1e400``) are refused here, for every
-    float field, before any range check.
-    """
-    tname = target_type if isinstance(target_type, str) else getattr(target_type, "__name__", str(target_type))
-    tname = tname.split("[")[0]
-    given = value
-    try:
-        if tname == "bool":
-            if isinstance(value, bool):
-                return value
-            if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on"):
-                return True
-            if isinstance(value, str) and value.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError
-        if tname == "int":
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError
-            return int(value)
-        if tname == "float":
-            if isinstance(value, bool):
-                raise ValueError
-            return _finite(float(value))
-        if tname == "list":
-            if isinstance(value, str):
-                value = [v for v in value.split(",") if v.strip()]
-                value = [float(v) if "." in v else int(v) for v in value]
-            return [_number(v) for v in value]
-        if tname == "str":
-            if not isinstance(value, str):
-                raise ValueError
-            return value
-    except (TypeError, ValueError, OverflowError):
-        want = {"float": "a finite float", "list": "a list of finite numbers"}.get(tname, tname)
-        raise ConfigError(f"config {key}: expected {want}, got {given!r}") from None
-    return value
+            lines.append(f"  {name}.{f.name} = {default!r}\n      {_help(f)}{extra}")
+    renamed = ", ".join(f"{old} -> {new}" for old, new in RENAMED.items())
+    return "\n".join(lines) + f"\n  renamed keys (still read, with a deprecation line): {renamed}"
 
 
 def set_value(cfg: Config, dotted: str, value) -> None:
-    """Set ``section.key`` on cfg from a TOML value or a CLI string."""
+    """Set ``section.key`` (or ``section.plugin.option``) on cfg from a TOML value or a CLI string.
+    An old key (:data:`RENAMED`) sets its new one; errors name the key as given."""
+    given = dotted
+    if dotted in RENAMED:
+        dotted = RENAMED[dotted]
+        cfg.renamed[dotted] = given
     section, _, key = dotted.partition(".")
     sec = getattr(cfg, section, None) if section in {n for n, _ in sections(cfg)} else None
     if sec is None or not key:
-        raise ConfigError(f"config {dotted}: unknown key (sections: {', '.join(n for n, _ in sections(cfg))})")
+        raise ConfigError(f"config {given}: unknown key (sections: {', '.join(n for n, _ in sections(cfg))})")
+    if "." in key:
+        set_option(sec, section, key, value, given)
+        return
     hints = typing.get_type_hints(type(sec))
-    if key not in hints:
-        raise ConfigError(f"config {dotted}: unknown key")
-    setattr(sec, key, _coerce(dotted, value, hints[key]))
+    if key not in hints or key in {f.name for f in dataclasses.fields(sec) if "plugins" in f.metadata}:
+        raise ConfigError(f"config {given}: unknown key")
+    setattr(sec, key, coerce(given, value, hints[key]))
 
 
 def load_toml(cfg: Config, path: str) -> None:
@@ -335,54 +281,17 @@ def load_toml(cfg: Config, path: str) -> None:
         if not isinstance(table, dict):
             raise ConfigError(f"config file {path}: top-level key {section!r} must be a [section]")
         for key, value in table.items():
-            set_value(cfg, f"{section}.{key}", value)
+            if isinstance(value, dict):           # a plugin's sub-table, [sync.odsgd]
+                for option, v in value.items():
+                    set_value(cfg, f"{section}.{key}.{option}", v)
+            else:
+                set_value(cfg, f"{section}.{key}", value)
 
 
-def registry(choices) -> tuple:
-    """The accepted names of a choice field: the tuple itself, or the keys of ``"module:NAME"``."""
-    if isinstance(choices, str):
-        module, _, name = choices.partition(":")
-        choices = getattr(importlib.import_module(module), name)
-    return tuple(choices)
-
-
-def _plugin_problem(choices: str, value: str) -> str | None:
-    """``package.module:name`` for a registry field (:mod:`hpctrain.registry`): None once the
-    module imports and registers ``name``, else why not."""
-    module, _, name = choices.partition(":")
-    reg = getattr(importlib.import_module(module), name)
-    if not hasattr(reg, "plugin_problem"):
-        return f"must be one of {' | '.join(registry(choices))}, got {value!r}"
-    return reg.plugin_problem(value)
-
-
-def field_problem(f: dataclasses.Field, value) -> str | None:
-    """What is wrong with ``value`` for field ``f`` (its range or choices), or None.
-
-    A range refuses NaN and ±inf by itself (every comparison with NaN is false; every float range
-    has finite ends), so a non-finite value set in code, past ``_coerce``, is caught here too.
-    """
-    rng, choices = f.metadata.get("range"), f.metadata.get("choices")
-    if f.name == "loss_scale":                 # precision.loss_scale: a word or a number
-        if value in ("none", "dynamic"):
-            return None
-        assert rng is not None      # its field has range=LOSS_SCALE
-        try:
-            ok = float(value) in rng
-        except ValueError:
-            ok = False
-        return None if ok else f"must be none, dynamic or a number {rng.describe()}, got {value!r}"
-    if choices is not None:
-        allowed = registry(choices)
-        if isinstance(value, str) and ":" in value and isinstance(choices, str):
-            return _plugin_problem(choices, value)
-        return None if value in allowed else f"must be one of {' | '.join(allowed)}, got {value!r}"
-    if rng is None:
-        return None
-    for x in value if isinstance(value, list) else [value]:
-        if x not in rng:
-            return f"must be {rng.describe()}, got {x!r}"
-    return None
+def deprecation_lines(cfg: Config) -> list[str]:
+    """One line per old key this config was given (the entry point prints them on rank 0)."""
+    return [f"hpctrain: warning: config {old} is deprecated: use {new} (read as {new} this time)"
+            for new, old in cfg.renamed.items()]
 
 
 def check_field(section: str, key: str, value) -> None:
@@ -411,6 +320,14 @@ def dir_problem(path: str) -> str | None:
     return f"{path}: {probe} is not a directory"
 
 
+def _dataset_problem(dataset: str) -> str | None:
+    """Why ``package.module:name`` selects no data source (:data:`data_tools.sources.SOURCES`), or None."""
+    if not is_plugin_spec(dataset):
+        return None
+    from hpctrain.data_tools.readers import SOURCES
+    return SOURCES.plugin_problem(dataset)
+
+
 def validate(cfg: Config, world_size: int = 1) -> None:
     """Check values that would otherwise fail later, on some ranks, with a traceback (or train on
     NaN): every field's range or choices, then what depends on several fields or the file system."""
@@ -418,11 +335,15 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         for f in dataclasses.fields(sec):
             problem = field_problem(f, getattr(sec, f.name))
             if problem:
-                raise ConfigError(f"config {name}.{f.name}: {problem}")
+                key = f"{name}.{f.name}"
+                raise ConfigError(f"config {cfg.renamed.get(key, key)}: {problem}")
+        for key, problem in table_problems(sec, name):
+            raise ConfigError(f"config {cfg.renamed.get(key, key)}: {problem}")
     checks = [
         (cfg.train.batch_size % world_size == 0, "train.batch_size",
          f"global batch {cfg.train.batch_size} is not divisible by {world_size} ranks"),
         (not dir_problem(cfg.run.run_dir), "run.run_dir", dir_problem(cfg.run.run_dir)),
+        (not _dataset_problem(cfg.data.dataset), "data.dataset", _dataset_problem(cfg.data.dataset)),
         (not cfg.ckpt.dir or not dir_problem(cfg.ckpt.dir), "ckpt.dir", cfg.ckpt.dir and dir_problem(cfg.ckpt.dir)),
     ]
     for ok, key, msg in checks:

@@ -96,7 +96,7 @@ class DistributedTrainer:
         c, s = cfg.comm, cfg.sync
         return cls(model, optimizer, topology, strategy=c.strategy, compression=c.compression,
                    bucket_mb=c.bucket_mb, overlap=c.overlap, tune=c.tune, algorithm=s.algorithm,
-                   algorithm_options=update_lib.algorithm_options(s), comm_delay_ms=s.comm_delay_ms,
+                   algorithm_options=update_lib.algorithm_options(s), comm_delay_ms=c.delay_ms,
                    schedule=schedule, loss_fn=make_criterion(cfg.optim.label_smoothing),
                    compute=cfg.precision.compute, scaler=LossScaler.from_config(cfg.precision), timer=timer)
 

@@ -3,9 +3,10 @@ L2 norm (``sync.algorithm``).
 
 Select it without editing the package:
 ``--set sync.algorithm=examples.plugins.clipped_ssgd:clipped_ssgd``. Its constructor is its option
-schema: ``max_norm`` would be read from a ``sync.clipped_ssgd_max_norm`` field if
-:class:`~hpctrain.config.SyncConfig` had one (:func:`hpctrain.update.algorithm_options`); without
-it the default below applies.
+schema: ``max_norm``, annotated with its help and range, is the config key
+``sync.clipped_ssgd.max_norm`` (``[sync.clipped_ssgd]`` in a TOML file, listed by ``--help`` once
+the plugin is imported) with no edit elsewhere; :func:`~hpctrain.config_plugins.check_options`
+checks a value given in code by the same rule.
 
 Clipping acts on the agreed mean, which every rank holds bit for bit, so every rank scales by the
 same factor and the replicas stay identical. Under a loss scaler the mean is still scaled when
@@ -14,9 +15,12 @@ skips it, untouched.
 """
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 
-from hpctrain.errors import ConfigError
+from hpctrain.config_plugins import check_options
+from hpctrain.config_values import POSITIVE, Option
 from hpctrain.update.base import ALGORITHMS
 from hpctrain.update.ssgd import SSGD
 
@@ -24,9 +28,9 @@ from hpctrain.update.ssgd import SSGD
 @ALGORITHMS.register("clipped_ssgd")
 class ClippedSSGD(SSGD):
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_sync, *,
-                 max_norm: float = 1.0, **kwargs):
-        if not max_norm > 0:
-            raise ConfigError(f"sync.clipped_ssgd_max_norm: must be positive, got {max_norm!r}")
+                 max_norm: Annotated[float, Option("clip the mean gradient to this global L2 norm", POSITIVE)] = 1.0,
+                 **kwargs):
+        check_options(ClippedSSGD, "sync.clipped_ssgd", locals())
         super().__init__(model, optimizer, grad_sync, **kwargs)
         self.max_norm = float(max_norm)
 

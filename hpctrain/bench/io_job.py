@@ -20,12 +20,11 @@ def data_wait_share(comm, topo, steps: int, driver: str | None = None) -> dict:
     from hpctrain.models import build_model
     torch.set_num_threads(1)
     from hpctrain.config import DataConfig
-    from hpctrain.data import train_loader
+    from hpctrain.data import train_loader_from_config
     cfg = DataConfig()                                    # the default job's data options
     idx = read_index(resolve_dataset(cfg.dataset, cfg.cache_dir, comm))
-    ld = train_loader(idx, topo, batch_size=64 // topo.size, seed=0, block_size=cfg.block_size,
-                      shuffle_window=cfg.shuffle_window, prefetch=cfg.prefetch, drop_last=cfg.drop_last,
-                      augment=cfg.augment, reader=cfg.reader, hdf5_driver=driver or cfg.hdf5_driver)
+    ld = train_loader_from_config(idx, topo, cfg, batch_size=64 // topo.size, seed=0,
+                                  hdf5_driver=driver or cfg.hdf5_driver)
     driver = ld.shards.driver
     torch.manual_seed(0)
     model = build_model("digits_cnn", num_classes=idx.num_classes, in_channels=idx.sample_shape[0])

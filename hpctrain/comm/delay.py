@@ -1,4 +1,4 @@
-"""A slow link on one host: injected latency for gradient allreduces (config ``sync.comm_delay_ms``;
+"""A slow link on one host: injected latency for gradient allreduces (config ``comm.delay_ms``;
 it wraps any gradient sync, so it lives with them).
 
 Model: a bucket's mean is available no earlier than ``delay`` after the bucket was started —
@@ -23,7 +23,7 @@ class DelayedSync:
 
     def __init__(self, inner, delay_ms: float, *, clock=time.perf_counter, sleep=time.sleep):
         if not delay_ms >= 0:
-            raise ValueError(f"sync.comm_delay_ms: must be >= 0, got {delay_ms}")
+            raise ValueError(f"comm.delay_ms (comm_delay_ms): must be >= 0, got {delay_ms}")
         self.inner, self.delay_s = inner, delay_ms / 1e3
         self._clock, self._sleep = clock, sleep
         self._started_s: dict[int, float] = {}      # bucket index -> start time, this round

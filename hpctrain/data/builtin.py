@@ -1,4 +1,7 @@
-"""Built-in datasets, converted to shards in a cache directory on first use.
+"""Built-in datasets, converted to shards in a cache directory on first use; a data-source plugin
+that needs no input file (``data.dataset = "package.module:name"``, registered in
+``data_tools.sources.SOURCES`` as ``data_tools convert --from`` takes it) likewise, into
+``CACHE_DIR/plugin-package.module.name`` (delete it to convert again after changing the plugin).
 
 Rank 0 converts (into a temporary directory renamed into place, so concurrent jobs and killed
 conversions never leave a half-written dataset) and broadcasts the outcome; nothing else is sent.
@@ -11,6 +14,7 @@ import tempfile
 
 from mpi4py import MPI
 
+from hpctrain.config_values import is_plugin_spec
 from hpctrain.errors import UserError
 
 BUILTIN_DATASETS = {"digits": "digits-v1", "signal1d": "signal1d-v1", "tabular": "tabular-v1",
@@ -18,16 +22,22 @@ BUILTIN_DATASETS = {"digits": "digits-v1", "signal1d": "signal1d-v1", "tabular":
 
 
 def resolve_dataset(dataset: str, cache_dir: str, comm: MPI.Comm) -> str:
-    """Return the shard directory for ``dataset`` (a built-in name or a directory). Collective."""
-    if dataset not in BUILTIN_DATASETS:
+    """Return the shard directory for ``dataset`` (a built-in name, a ``module:name`` data-source
+    plugin, or a directory). Collective."""
+    if dataset in BUILTIN_DATASETS:
+        name = BUILTIN_DATASETS[dataset]
+    elif is_plugin_spec(dataset):
+        name = "plugin-" + dataset.replace(":", ".")
+    else:
         return dataset
-    path = os.path.join(os.path.expanduser(cache_dir), BUILTIN_DATASETS[dataset])
+    path = os.path.join(os.path.expanduser(cache_dir), name)
     error = None
     if comm.Get_rank() == 0 and not os.path.exists(os.path.join(path, "index.json")):
         try:
             _convert(dataset, path)
         except Exception as exc:  # reported on every rank by the bcast below
-            error = f"converting built-in dataset {dataset!r} into {path}: {exc}"
+            kind = "built-in dataset" if dataset in BUILTIN_DATASETS else "dataset"
+            error = f"converting {kind} {dataset!r} into {path}: {exc}"
     error = comm.bcast(error, root=0)
     if error:
         raise UserError(error)           # the same line on every rank (rank 0's traceback is not kept)
@@ -41,7 +51,7 @@ def _convert(dataset: str, path: str) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.", dir=os.path.dirname(path))
     try:
-        convert(SOURCES[dataset](None), tmp, n_shards=2, resume=False)
+        convert(SOURCES.get(dataset)(None), tmp, n_shards=2, resume=False)      # module:name imported first
         try:
             os.rename(tmp, path)
         except OSError:

@@ -2,13 +2,15 @@
 (``hpctrain.job``).
 
 The options are the fields of ``DataConfig``, passed by name or as the section itself
-(``*_from_config``; this module does not import the config). ``reader="node"``: the node's local
+(``*_from_config``: each field named as a keyword of :func:`train_loader` is passed to it, so a
+new data option is its field and its keyword, nothing here). ``reader="node"``: the node's local
 rank 0 opens the training shards — collectively over the node readers (``Topology.inter`` of
 local rank 0) with ``mpio`` — and fills the shared window; the other ranks never open them.
 Evaluation splits are read by every rank.
 """
 from __future__ import annotations
 
+from hpctrain.config_values import matching_options
 from hpctrain.data.augment import KINDS, Augment
 from hpctrain.data.hdf5 import DRIVERS
 from hpctrain.data.loader import ShardLoader
@@ -80,12 +82,11 @@ def train_loader(index: ShardIndex, topo, *, batch_size: int, seed: int = 0, blo
 
 
 def train_loader_from_config(index: ShardIndex, topo, d, *, batch_size: int, seed: int = 0,
-                             raw: bool = False) -> ShardLoader:
-    """:func:`train_loader` with the options of a ``[data]`` section ``d``."""
-    return train_loader(index, topo, batch_size=batch_size, seed=seed, block_size=d.block_size,
-                        shuffle_window=d.shuffle_window, prefetch=d.prefetch, drop_last=d.drop_last,
-                        augment=d.augment, augment_kind=d.augment_kind, augment_flip=d.augment_flip,
-                        reader=d.reader, hdf5_driver=d.hdf5_driver, verify=d.verify, raw=raw)
+                             raw: bool = False, **overrides) -> ShardLoader:
+    """:func:`train_loader` with the options of a ``[data]`` section ``d`` (each field named as
+    one of its keywords), ``overrides`` over them."""
+    return train_loader(index, topo, **matching_options(train_loader, d, batch_size=batch_size, seed=seed, raw=raw,
+                                                        **overrides))
 
 
 def open_split_from_config(index: ShardIndex, split: str, topo, d) -> ShardSet:

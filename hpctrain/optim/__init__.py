@@ -21,6 +21,7 @@ from collections.abc import Iterable
 
 import torch
 
+from hpctrain.config_values import matching_options
 from hpctrain.errors import config_errors
 
 from .lamb import LAMB
@@ -95,24 +96,22 @@ def make_optimizer(params_or_model, name: str, lr: float, momentum: float = 0.9,
 
 
 def optimizer_from_config(params_or_model, o) -> torch.optim.Optimizer:
-    """:func:`make_optimizer` from an ``[optim]`` section; a value it refuses is a ConfigError."""
+    """:func:`make_optimizer` from an ``[optim]`` section (each field named as one of its keywords,
+    and the prefixed ones renamed here); a value it refuses is a ConfigError."""
     with config_errors():
-        return make_optimizer(params_or_model, o.name, lr=o.lr, momentum=o.momentum,
-                              weight_decay=o.weight_decay, nesterov=o.nesterov, eta=o.lars_eta,
-                              eps=o.lars_eps, exclude_1d=o.lars_exclude_1d, clip=o.lars_clip,
-                              lr_1d_scale=o.lr_1d_scale, beta2=o.lamb_beta2, adam_eps=o.lamb_eps)
+        return make_optimizer(params_or_model, **matching_options(
+            make_optimizer, o, eta=o.lars_eta, eps=o.lars_eps, clip=o.lars_clip, beta2=o.lamb_beta2,
+            adam_eps=o.lamb_eps))
 
 
 def schedule_from_config(o, *, global_batch: int, steps_per_epoch: int, epochs: int) -> ScheduleSpec:
     """:func:`spec_from_config` from an ``[optim]`` section and the run's shape (global batch,
     steps per epoch, epochs); a value it refuses (warm-up longer than the run) is a ConfigError."""
     with config_errors():
-        return spec_from_config(lr=o.lr, global_batch=global_batch, steps_per_epoch=steps_per_epoch,
-                                epochs=epochs, warmup_epochs=o.warmup_epochs, kind=o.schedule,
-                                warmup=o.warmup, optimizer=o.name, base_batch=o.base_batch,
-                                scale_lr=o.scale_lr, poly_power=o.poly_power, end_lr=o.end_lr,
-                                step_epochs=o.step_epochs, step_gamma=o.step_gamma,
-                                hold_epochs=None if o.hybrid_hold_epochs < 0 else o.hybrid_hold_epochs)
+        return spec_from_config(**matching_options(
+            spec_from_config, o, global_batch=global_batch, steps_per_epoch=steps_per_epoch, epochs=epochs,
+            kind=o.schedule, optimizer=o.name,
+            hold_epochs=None if o.hybrid_hold_epochs < 0 else o.hybrid_hold_epochs))
 
 
 def make_criterion(label_smoothing: float = 0.0) -> torch.nn.CrossEntropyLoss:

@@ -5,7 +5,7 @@ ssgd      synchronous SGD: every step waits for the gradient mean (the default)
 odsgd     one-step delay SGD (Xu et al., arXiv:2005.06728): the allreduce of step t
           overlaps step t+1's forward/backward, which runs on locally updated weights.
           Use when communication is a large share of the step (slow or shared
-          network, many ranks); ``odsgd_warmup_steps`` plain SSGD steps first.
+          network, many ranks); ``sync.odsgd.warmup_steps`` plain SSGD steps first.
 ========  ===========================================================================
 
 Both derive from :class:`UpdateAlgorithm` (:mod:`hpctrain.update.base`: ``step``, ``finish``,
@@ -14,14 +14,13 @@ once). Both stop on non-finite numbers the same way: :class:`NonFiniteError` (a 
 one line, status 2 from the CLI) on every rank at the same step, naming the step and the
 rank(s), unless a loss scaler skipped the step (:mod:`hpctrain.update.guard`).
 
-This package was ``hpctrain.sync``, a name that read like the gradient sync (``trainer.sync``,
-a ``GradSync``); the old name and its submodules still import (:mod:`hpctrain.sync`), and the
+This package was ``hpctrain.update``, a name that read like the gradient sync (``trainer.sync``,
+a ``GradSync``); the old name and its submodules still import (:mod:`hpctrain.update`), and the
 config table keeps its name ``[sync]``.
 """
 from __future__ import annotations
 
-import inspect
-
+from hpctrain.config_plugins import plugin_options
 from hpctrain.update.base import ALGORITHMS, StepResult, UpdateAlgorithm
 from hpctrain.update.guard import NonFiniteError
 from hpctrain.update.odsgd import ODSGD
@@ -35,12 +34,9 @@ def create(name: str, model, optimizer, grad_sync, **kwargs) -> UpdateAlgorithm:
 
 def algorithm_options(sync_cfg) -> dict:
     """Keyword options of ``sync_cfg.algorithm`` from a ``SyncConfig`` (for :func:`create`): the
-    algorithm's constructor is the schema, each keyword ``x`` read from the field
-    ``sync.<name>_x`` where there is one (``odsgd_warmup_steps`` -> ``warmup_steps``); the rest
-    keep the constructor's defaults."""
-    cls = ALGORITHMS.get(sync_cfg.algorithm)
-    fields = {f"{cls.name}_{p}": p for p in inspect.signature(cls).parameters}
-    return {p: getattr(sync_cfg, f) for f, p in fields.items() if hasattr(sync_cfg, f)}
+    algorithm's constructor is the schema (its ``Option``-annotated keywords), each read from
+    the sub-table ``[sync.<name>]`` where given, else the constructor's default."""
+    return plugin_options(sync_cfg, sync_cfg.algorithm)
 
 
 __all__ = ["ALGORITHMS", "SSGD", "ODSGD", "StepResult", "NonFiniteError", "UpdateAlgorithm", "create",

@@ -56,10 +56,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import Annotated
 
 import torch
 
-from hpctrain.config import check_field
+from hpctrain.config_plugins import check_options
+from hpctrain.config_values import FRACTION, NON_NEGATIVE, Option, Range
 from hpctrain.errors import ConfigError
 from hpctrain.ops.metrics import NULL_TIMER, Timer
 from hpctrain.optim.loss_scale import all_finite
@@ -101,17 +103,21 @@ def swap_data_(params, store: list[torch.Tensor]) -> None:
         store[i] = current
 
 
+# The options ([sync.odsgd] in the config): type, help and range, read by the config and checked here.
+WarmupSteps = Annotated[int, Option("plain SSGD for the first N steps", NON_NEGATIVE)]
+LocalLr = Annotated[float, Option("lr of the local compensating update (0: the global lr)", Range(0, 1e3))]
+LocalMomentum = Annotated[float, Option("momentum of the local optimiser (0: stateless W - lr*g)", FRACTION)]
+DcLambda = Annotated[float, Option("DC-ASGD delay-compensation strength (0: off)", Range(0, 1e3))]
+
+
 @ALGORITHMS.register("odsgd")
 class ODSGD(UpdateAlgorithm):
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_sync, *,
-                 warmup_steps: int = 200, local_lr: float = 0.0, local_momentum: float = 0.0,
-                 dc_lambda: float = 0.0, scaler=None, timer: Timer = NULL_TIMER):
-        options = {"warmup_steps": warmup_steps, "local_lr": local_lr, "local_momentum": local_momentum,
-                   "dc_lambda": dc_lambda}
-        for key, value in options.items():          # the ranges of the sync.odsgd_* fields
-            check_field("sync", f"odsgd_{key}", value)
+                 warmup_steps: WarmupSteps = 200, local_lr: LocalLr = 0.0, local_momentum: LocalMomentum = 0.0,
+                 dc_lambda: DcLambda = 0.0, scaler=None, timer: Timer = NULL_TIMER):
+        check_options(ODSGD, "sync.odsgd", locals())      # each Option-annotated keyword's range
         if local_lr == 0 and scales_lr_per_layer(optimizer):
-            raise ConfigError("sync.odsgd_local_lr: set it explicitly with LARS (its lr is scaled per layer "
+            raise ConfigError("sync.odsgd.local_lr: set it explicitly with LARS (its lr is scaled per layer "
                              "by trust ratios, so the raw global lr would make the local step far too large)")
         super().__init__(model, optimizer, grad_sync, scaler=scaler, timer=timer)
         self.warmup_steps, self.local_lr = int(warmup_steps), float(local_lr)

@@ -1,4 +1,4 @@
-"""The emulated slow link (sync.comm_delay_ms): a bucket completes no earlier than its start plus
+"""The emulated slow link (comm.delay_ms): a bucket completes no earlier than its start plus
 the delay; a wait that starts later waits less; results are the inner sync's. A fake clock makes
 the timing exact (no timed test)."""
 import pytest

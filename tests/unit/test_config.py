@@ -171,7 +171,7 @@ def test_fixed_loss_scale_in_range_is_accepted():
 
 CHOICES = [("comm.strategy", "hpctrain.comm", "STRATEGIES"),
            ("comm.compression", "hpctrain.comm", "COMPRESSIONS"),
-           ("sync.algorithm", "hpctrain.sync", "ALGORITHMS"),
+           ("sync.algorithm", "hpctrain.update", "ALGORITHMS"),
            ("precision.compute", "hpctrain.trainer", "AUTOCAST_DTYPES"),
            ("optim.schedule", "hpctrain.optim.schedules", "KINDS"),
            ("optim.warmup", "hpctrain.optim.schedules", "WARMUPS"),

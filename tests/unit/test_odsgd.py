@@ -1,6 +1,7 @@
 """OD-SGD on one rank against hand formulas (NumPy) and an independent torch simulation; its pure
 parts; the checkpoint contract. The references here are shared with tests/mpi/test_odsgd.py."""
 import io
+import re
 
 import numpy as np
 import pytest
@@ -248,11 +249,12 @@ def test_group_lrs_sets_then_restores():
 def test_option_errors_name_the_field():
     model = linear_model()
     sgd = torch.optim.SGD(model.parameters(), lr=0.1)
-    for bad, key in ((dict(warmup_steps=-1), "odsgd_warmup_steps"), (dict(local_momentum=1.0), "odsgd_local_momentum"),
-                     (dict(local_lr=-1.0), "odsgd_local_lr"), (dict(dc_lambda=-0.1), "odsgd_dc_lambda")):
-        with pytest.raises(ValueError, match=key):
+    for bad, key in ((dict(warmup_steps=-1), "sync.odsgd.warmup_steps"),
+                     (dict(local_momentum=1.0), "sync.odsgd.local_momentum"),
+                     (dict(local_lr=-1.0), "sync.odsgd.local_lr"), (dict(dc_lambda=-0.1), "sync.odsgd.dc_lambda")):
+        with pytest.raises(ValueError, match=re.escape(key)):
             update_lib.create("odsgd", model, sgd, None, **bad)
-    with pytest.raises(ValueError, match="odsgd_local_lr.*LARS"):
+    with pytest.raises(ValueError, match=r"sync\.odsgd\.local_lr.*LARS"):
         update_lib.create("odsgd", model, LARS(model.parameters(), lr=1.0), None)
     update_lib.create("odsgd", model, LARS(model.parameters(), lr=1.0), None, local_lr=0.01).remove_hooks()
 
@@ -260,11 +262,12 @@ def test_option_errors_name_the_field():
 def test_algorithm_options_from_config():
     from hpctrain.config import ConfigError, SyncConfig, Config, validate
     assert update_lib.algorithm_options(SyncConfig()) == {}
-    opts = update_lib.algorithm_options(SyncConfig(algorithm="odsgd", odsgd_warmup_steps=50, odsgd_local_lr=0.01))
+    opts = update_lib.algorithm_options(SyncConfig(algorithm="odsgd", options={"odsgd": {"warmup_steps": 50,
+                                                                                       "local_lr": 0.01}}))
     assert opts == {"warmup_steps": 50, "local_lr": 0.01, "local_momentum": 0.0, "dc_lambda": 0.0}
     cfg = Config()
-    cfg.sync.comm_delay_ms = -1.0
-    with pytest.raises(ConfigError, match="sync.comm_delay_ms"):
+    cfg.comm.delay_ms = -1.0
+    with pytest.raises(ConfigError, match=r"config comm\.delay_ms: must be in \[0, 60000\], got -1.0"):
         validate(cfg)
 
 
