@@ -50,8 +50,8 @@ MPI_MAX_BYTES = 4 * 2**20
 (:func:`mpi_choice`, ``comm.tune = static``), in the spirit of Open MPI's own size-based
 decision rules. Measured on 2 and 4 ranks against flat's blocking ``Allreduce`` plus the
 mean and inf/NaN check: MPI ahead for small buffers, even about this size, the ring ahead
-above it (it folds the mean and the check into its last add; docs/environment.md). ``comm.tune = measure`` times both per
-bucket instead (:mod:`hpctrain.comm.tuner`)."""
+above it (it folds the mean and the check into its last add; docs/environment.md).
+``comm.tune = measure`` times both per bucket instead (:mod:`hpctrain.comm.tuner`)."""
 TAG_SCATTER, TAG_GATHER = 11, 12
 
 
