@@ -20,8 +20,8 @@ def nonfinite(t: torch.Tensor) -> bool:
     whole pass over a small tensor). Large: one vectorised fp32 ``sum`` pass - inf and NaN
     propagate through it - measured cheaper than ``aminmax`` and far cheaper than
     ``isfinite(t).all()`` (which materialises a bool tensor; measurements: docs/environment.md).
-    A finite tensor could only be misreported if its sum exceeded
-    3.4e38 (mean |value| above 4e31 for 8 M elements): a skipped step at worst, never a missed inf.
+    A finite tensor could only be misreported if its sum exceeded 3.4e38 (mean |value| above
+    4e31 for 8 M elements): a skipped step at worst, never a missed inf.
     """
     if t.numel() <= SMALL_ELEMS and t.device.type == "cpu":
         return not bool(np.isfinite(t.detach().numpy()).all())

@@ -161,8 +161,8 @@ class Watchdog:
         every ``period_s``, whatever the main thread is doing (waiting in a collective included)."""
         beat = np.zeros(1, np.int64)
         # one epoch for the thread's life, flushed per beat: cheaper for the main thread than a lock
-        # and unlock per beat, which slowed the main thread's own one-sided calls under MPICH
-        # (measurements: docs/environment.md)
+        # and unlock per beat, which slowed the main thread's steps under MPICH (measurements:
+        # docs/environment.md)
         self.beat_win.Lock_all()
         try:
             while not self._stop.wait(period_s):
