@@ -4,11 +4,11 @@ Where MPI's own algorithms stop beating the ring depends on the MPI library, its
 network, the number of ranks and how the call is made (blocking ``Allreduce`` or libnbc's
 ``Iallreduce``): on the development host it moved several-fold lower when ``flat`` went from
 ``Iallreduce`` to ``Allreduce`` plus the mean and the inf/NaN check (docs/environment.md). A
-fixed threshold (:data:`hpctrain.comm.ring.MPI_MAX_BYTES`, ``comm.tune = static``) is right
-only where it was measured. With ``comm.tune = measure`` (the default of a training job) every
-bucket of a strategy is timed both ways when the strategy is built, in the spirit of NCCL's
-tuner and Open MPI's decision rules, and takes the faster. The measurement is collective: each trial's time is
-the slowest rank's, so every rank decides alike.
+fixed threshold (:data:`hpctrain.comm.ring.MPI_MAX_BYTES`, ``comm.tune = static``) is right only
+where it was measured. With ``comm.tune = measure`` (the default of a training job) every bucket
+of a strategy is timed both ways when the strategy is built, in the spirit of NCCL's tuner and
+Open MPI's decision rules, and takes the faster. The measurement is collective: each trial's
+time is the slowest rank's, so every rank decides alike.
 
 Cost: ``TRIALS`` timed runs of each method per distinct bucket size, after one untimed run
 (once per job, small beside a training run; docs/environment.md). Buckets below
