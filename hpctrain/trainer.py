@@ -39,7 +39,7 @@ def compute_unsupported(compute: str, device: torch.device) -> str | None:
     ``torch.cuda.is_bf16_supported``). Autocast follows the model's device
     (:meth:`DistributedTrainer.autocast`), never a fixed one."""
     if compute == "fp16" and device.type == "cpu":
-        return ("fp16 compute needs a CUDA device (CPU autocast to fp16 runs ~80x slower here); "
+        return ("fp16 compute needs a CUDA device (CPU autocast to fp16 runs far slower than fp32); "
                 "use bf16 on CPU")
     if compute == "bf16" and device.type == "cuda":
         with torch.cuda.device(device):
