@@ -34,11 +34,12 @@ BROADCAST_BUFFERS = ("finish", "forward")
 
 def compute_unsupported(compute: str, device: torch.device) -> str | None:
     """Why ``precision.compute`` cannot run on ``device`` (None: it can). fp16 autocast needs a
-    GPU (CPU autocast to fp16 runs ~80x slower here); bf16 on a GPU needs one that supports it
-    (compute capability 8.0 and newer; ``torch.cuda.is_bf16_supported``). Autocast follows the
-    model's device (:meth:`DistributedTrainer.autocast`), never a fixed one."""
+    GPU (CPU autocast to fp16 runs far slower than fp32; docs/environment.md); bf16 on a GPU
+    needs one that supports it (compute capability 8.0 and newer;
+    ``torch.cuda.is_bf16_supported``). Autocast follows the model's device
+    (:meth:`DistributedTrainer.autocast`), never a fixed one."""
     if compute == "fp16" and device.type == "cpu":
-        return ("fp16 compute needs a CUDA device (CPU autocast to fp16 runs ~80x slower here); "
+        return ("fp16 compute needs a CUDA device (CPU autocast to fp16 runs far slower than fp32); "
                 "use bf16 on CPU")
     if compute == "bf16" and device.type == "cuda":
         with torch.cuda.device(device):

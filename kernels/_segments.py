@@ -2,10 +2,11 @@
 
 A segment is either one slice of a tensor (at most `chunk_elems`) or a run of whole consecutive
 tensors smaller than `run_below` (default `chunk_elems`) elements, at most `chunk_elems`
-together. Runs cut the per-tensor dispatch cost (~3 us per torch op; ResNet-50 has ~100
-BatchNorm and bias tensors of a few hundred elements) to one op per run. Measured here (pack,
-1 thread): 32 tensors of 8 K elements 538 us without runs, 287 us with; tensors of 32-120 K
-elements cost the same either way, so the default gathers everything below a chunk.
+together. Runs cut the per-tensor dispatch cost (a fixed cost per torch op, which dominates for
+ResNet-50's ~100 BatchNorm and bias tensors of a few hundred elements) to one op per run. Runs
+made packing many 8 K-element tensors markedly faster, and tensors of 32-120 K elements cost the
+same either way, so the default gathers everything below a chunk (measurements:
+docs/environment.md).
 """
 from collections.abc import Iterator
 

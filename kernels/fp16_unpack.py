@@ -46,7 +46,7 @@ def reference(buf, tensors, scale, accumulate=False) -> None:
                 dst.mul_(scale)
             continue
         widened = scratch[:n]
-        widened.copy_(src)  # fp16 -> fp32 first: a mixed-dtype add_ is 6x slower
+        widened.copy_(src)  # fp16 -> fp32 first: a mixed-dtype add_ is several times slower
         pieces = [widened]
         if len(parts) > 1:
             pieces = list(torch.split(widened, [p.numel() for p in parts]))

@@ -75,7 +75,8 @@ def reference(params, grads, momentum_buffers, step, weight_decay, momentum, nes
 
 def _reference_cpu(params, grads, bufs, step, weight_decay, momentum, nesterov) -> None:
     """CPU: steps as Python floats (reading them costs no device sync here), so each update is
-    an `add_(alpha=float)`, which runs 2x faster than `addcmul_` with a 0-d tensor."""
+    an `add_(alpha=float)`, which runs faster than `addcmul_` with a 0-d tensor
+    (docs/environment.md)."""
     steps = step.tolist() if isinstance(step, torch.Tensor) else [float(step)] * len(params)
     for w, g, v, s in zip(params, grads, bufs, steps):
         v.mul_(momentum).add_(g, alpha=s)

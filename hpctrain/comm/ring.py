@@ -48,10 +48,10 @@ SMALL_BYTES = 64 * 1024
 MPI_MAX_BYTES = 4 * 2**20
 """Full-precision buffers up to this size go through MPI's allreduce instead of the ring
 (:func:`mpi_choice`, ``comm.tune = static``), in the spirit of Open MPI's own size-based
-decision rules. Measured on 2 and 4 ranks here with flat's blocking ``Allreduce`` plus the mean
-and inf/NaN check: MPI ahead up to 1 MiB, even at 2-4 MiB, the ring 1.5-2x ahead from 8 MiB
-(it folds the mean and the check into its last add). ``comm.tune = measure`` times both per
-bucket instead (:mod:`hpctrain.comm.tuner`)."""
+decision rules. Measured on 2 and 4 ranks against flat's blocking ``Allreduce`` plus the
+mean and inf/NaN check: MPI ahead for small buffers, even about this size, the ring ahead
+above it (it folds the mean and the check into its last add; docs/environment.md).
+``comm.tune = measure`` times both per bucket instead (:mod:`hpctrain.comm.tuner`)."""
 TAG_SCATTER, TAG_GATHER = 11, 12
 
 

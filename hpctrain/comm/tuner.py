@@ -2,16 +2,16 @@
 
 Where MPI's own algorithms stop beating the ring depends on the MPI library, its tuning, the
 network, the number of ranks and how the call is made (blocking ``Allreduce`` or libnbc's
-``Iallreduce``): on this 2-core host it moved from 32 MiB to ~4 MiB when ``flat`` went from
-``Iallreduce`` to ``Allreduce`` plus the mean and the inf/NaN check. A fixed threshold
-(:data:`hpctrain.comm.ring.MPI_MAX_BYTES`, ``comm.tune = static``) is right only where it was
-measured. With ``comm.tune = measure`` (the default of a training job) every bucket of a
-strategy is timed both ways when the strategy is built, in the spirit of NCCL's tuner and Open
-MPI's decision rules, and takes the faster. The measurement is collective: each trial's time is
-the slowest rank's, so every rank decides alike.
+``Iallreduce``): on the development host it moved several-fold lower when ``flat`` went from
+``Iallreduce`` to ``Allreduce`` plus the mean and the inf/NaN check (docs/environment.md). A
+fixed threshold (:data:`hpctrain.comm.ring.MPI_MAX_BYTES`, ``comm.tune = static``) is right only
+where it was measured. With ``comm.tune = measure`` (the default of a training job) every bucket
+of a strategy is timed both ways when the strategy is built, in the spirit of NCCL's tuner and
+Open MPI's decision rules, and takes the faster. The measurement is collective: each trial's
+time is the slowest rank's, so every rank decides alike.
 
 Cost: ``TRIALS`` timed runs of each method per distinct bucket size, after one untimed run
-(25 MiB buckets on 2 ranks here: ~0.2 s in all, once per job). Buckets below
+(once per job, small beside a training run; docs/environment.md). Buckets below
 ``ring.SMALL_BYTES`` (latency-bound, MPI's) and compressed ones (the ring only: MPI has no
 fp16 sum) are not measured.
 """

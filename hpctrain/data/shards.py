@@ -216,7 +216,7 @@ class ShardSet:
             fh.close()
             raise
         self._files[i] = fh
-        self._datasets[i] = (fh["x"], fh["y"])       # a lookup by name costs ~0.5 ms: do it once
+        self._datasets[i] = (fh["x"], fh["y"])       # a lookup by name opens the object anew: do it once
         if self.driver == "serial":
             self._direct_extents(i, path)
         elif i in self._blocks:

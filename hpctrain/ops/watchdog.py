@@ -10,7 +10,7 @@ values have not changed for ``timeout_s``, prints the ranks that have not reache
 rank's point, e.g. "no progress for 30 s: rank 3 is after 'forward' of step 57; ranks 0-2, 4-7
 wait after 'backward' of step 57" (that is, in the gradient allreduce). Every rank runs the
 same phases in the same order, so progress values are comparable across ranks. Cost: one small
-one-sided accumulate per phase per rank (3-35 us measured here at 2-4 ranks on 2 cores).
+one-sided accumulate per phase per rank, small beside a step (measurements: docs/environment.md).
 
 It reports every ``timeout_s``; after ``abort_s`` without progress it ends the job — one line
 naming the stalled ranks and where they were, ``on_abort(line)`` (the job records it), then
@@ -161,8 +161,8 @@ class Watchdog:
         every ``period_s``, whatever the main thread is doing (waiting in a collective included)."""
         beat = np.zeros(1, np.int64)
         # one epoch for the thread's life, flushed per beat: cheaper for the main thread than a lock
-        # and unlock per beat (MPICH 4.0, 2 ranks, 20 steps beating every 50 ms: 1.14 s against
-        # 1.87 s; 1.08 s without heartbeats)
+        # and unlock per beat, which slowed the main thread's steps under MPICH (measurements:
+        # docs/environment.md)
         self.beat_win.Lock_all()
         try:
             while not self._stop.wait(period_s):

@@ -12,7 +12,7 @@ sync's overflow flag sees it everywhere at the same step with no extra collectiv
   like a loss scaler's skip; ``MAX_WIRE_SKIPS`` of them in a row stop the job, since the weights
   no longer move;
 * after the optimiser step: :func:`~hpctrain.optim.loss_scale.finite_flag` on the weights (one
-  pass; 13 ms for ResNet-50 on one CPU thread, a few fused kernels on a GPU). The weights are
+  pass, small beside a step; a few fused kernels on a GPU). The weights are
   bitwise identical on every rank, so is the verdict; non-finite weights (a finite gradient
   times a huge lr) raise :class:`NonFiniteError` naming the step of the update. On the CPU the
   flag is read at once. On a GPU it stays a device flag, read lazily (:meth:`NonFiniteGuard.settle`)

@@ -21,7 +21,7 @@ Step t, in this order:
    inside MPI calls; :mod:`hpctrain.comm.progress`).
 2. wait for ḡ_{t-1} = mean_k g_{t-1}^k (the exposed communication, span "allreduce"; polling
    and ``sched_yield`` rather than MPI's spinning wait, so on a shared core the ranks the ring
-   waits for get to run; measured at -n 4 on 2 cores: the wait fell from ~50 ms to ~1 ms); global
+   waits for get to run; oversubscribed, it cut the wait many-fold: docs/environment.md); global
    update W_t = opt(W_{t-1}, ḡ_{t-1}) with the real optimiser (SGD/LARS, momentum, weight decay)
    at step t-1's learning rates (span "optimizer"). With loss scaling, an overflow of ḡ_{t-1}
    skips this update on every rank and backs the scale off. Without, the overflow is handled
