@@ -5,4 +5,8 @@
 (``hpctrain/data_tools`` links to this folder): a bare top-level ``data_tools`` could collide with
 another distribution's package.
 """
+if __name__ == "data_tools":   # the bare name, from a checkout: the installed package's modules
+    from hpctrain.bare_names import become
+    become(__name__, "hpctrain.data_tools")
+
 __all__ = ["cifar", "idx", "imagefolder", "cli", "inspection", "sources", "writer"]

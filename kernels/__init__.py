@@ -22,6 +22,10 @@ GPU; `backend()` says which path is live and why. CuPy is the optional extra
 Imported as ``hpctrain.kernels`` (``hpctrain/kernels`` links to this folder): a top-level
 ``kernels`` would collide with the PyPI distribution of that name.
 """
+if __name__ == "kernels":   # the bare name, from a checkout: the installed package's modules
+    from hpctrain.bare_names import become
+    become(__name__, "hpctrain.kernels")
+
 import numbers
 
 from . import _args, _runtime, fp16_pack, fp16_unpack, lars_step, sq_norms

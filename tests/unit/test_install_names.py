@@ -108,3 +108,33 @@ def test_old_spelling_from_the_checkout_root_uses_the_installed_names(tmp_path):
                         str(tmp_path / "t.csv"), "--out", str(tmp_path / "out"), "--test-fraction", "0.25",
                         "--no-progress"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.startswith(f"wrote {tmp_path / 'out'}: train 9, test 3 samples"), r.stderr
+
+
+OLD_PLUGIN = '''
+import numpy as np
+from data_tools.sources import from_arrays, source     # the bare name earlier versions documented
+
+
+@source("ramp_old")
+def ramp(src, **_):
+    x = np.arange(40, dtype=np.float32).reshape(20, 2)
+    return from_arrays({"train": (x[:16], np.arange(16) % 2), "test": (x[16:], np.arange(4) % 2)},
+                       ["even", "odd"], "ramp_old")
+'''
+
+
+def test_a_plugin_importing_the_bare_name_registers_where_the_tools_look(tmp_path):
+    """From a checkout, ``data_tools.x`` / ``kernels.x`` are the installed modules themselves
+    (hpctrain.bare_names), so a plugin written against the old name still converts; without that,
+    its source lands in a second registry and the tools answer "registers no source"."""
+    (tmp_path / "old_plugin_for_test.py").write_text(OLD_PLUGIN)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, str(tmp_path)]))
+    r = subprocess.run([sys.executable, "-m", "hpctrain.data_tools", "convert", "--from", "old_plugin_for_test:ramp_old",
+                        "-", "--out", str(tmp_path / "out"), "--no-progress"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith(f"wrote {tmp_path / 'out'}: train 16, test 4 samples"), r.stderr
+    same = ("import data_tools.sources, data_tools.readers, kernels.fp16_pack, hpctrain.data_tools.sources as s, "
+            "hpctrain.data_tools.readers as r, hpctrain.kernels.fp16_pack as k; "
+            "print(data_tools.sources is s, data_tools.readers.SOURCES is r.SOURCES, kernels.fp16_pack is k)")
+    r = subprocess.run([sys.executable, "-c", same], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert r.stdout.split() == ["True", "True", "True"], r.stderr
