@@ -13,7 +13,9 @@ lamb     the same batches with Adam's moments under the trust ratio (You et al. 
 =======  =====================================================================================
 
 ``optim.recipe = "auto"`` (``recipe.py``) picks lr, eta and warm-up from the global batch, the
-optimiser and whether the model normalises.
+optimiser and whether the model normalises. Each optimiser's own options (LARS ``eta``, ``eps``,
+``clip``; LAMB ``beta2``, ``eps``) are its factory's annotated keywords, ``[optim.lars]`` and
+``[optim.lamb]`` in the config.
 """
 from __future__ import annotations
 

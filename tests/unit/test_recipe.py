@@ -63,7 +63,8 @@ def test_apply_recipe_sets_the_section_and_the_startup_line():
     assert describe_lr(o, 4096) == line
     o = OptimConfig(name="lars", recipe="auto")
     apply_recipe(o, 4096, SmallCNN())
-    assert (o.options["lars"]["eta"], o.lr_1d_scale) == (0.001, 1.0) and "MLPerf ResNet-50 table" in describe_lr(o, 4096)
+    assert (o.options["lars"]["eta"], o.lr_1d_scale) == (0.001, 1.0)
+    assert "MLPerf ResNet-50 table" in describe_lr(o, 4096)
 
 
 def test_recipe_names_the_values_it_replaces():
