@@ -16,7 +16,10 @@ sub-table (``[sync.odsgd]``) whose schema is the plugin's constructor
 (:mod:`hpctrain.config_plugins`).
 
 Renamed keys (:data:`RENAMED`) are read as their new key; the entry point prints one deprecation
-line for each on rank 0 (:func:`deprecation_lines`); an error names the key as written.
+line for each on rank 0 (:func:`deprecation_lines`); an error names the key as written. In Python,
+an old name within its own section (``cfg.optim.lars_eta``) is a read-only property that warns
+(DeprecationWarning) and returns the new key's value; it is no field, so ``==``, ``asdict`` and
+:meth:`Config.to_dict` see the new keys only.
 """
 from __future__ import annotations
 
@@ -24,9 +27,10 @@ import dataclasses
 import os
 import tomllib
 import typing
+import warnings
 from dataclasses import dataclass, field
 
-from hpctrain.config_plugins import help_lines, plugin_tables, set_option, table_problems
+from hpctrain.config_plugins import help_lines, plugin_options, plugin_tables, set_option, table_problems
 from hpctrain.config_values import (FRACTION, INF, LOSS_SCALE, LR, NON_NEGATIVE, POSITIVE, Option, Range, coerce,
                                     field_problem, is_plugin_spec, opt, registry)
 from hpctrain.errors import ConfigError
@@ -210,6 +214,24 @@ RENAMED = {
     **{f"optim.{p}_{k}": f"optim.{p}.{k}" for p, k in (("lars", "eta"), ("lars", "eps"), ("lars", "clip"),
                                                         ("lamb", "beta2"), ("lamb", "eps"))},
 }
+
+
+def _read_as(old: str, new: str) -> property:
+    """``sec.<old>`` in Python: the value of ``new`` (a field or ``plugin.option``, as the plugin
+    will be built) in the same section, with a DeprecationWarning."""
+    key = new.partition(".")[2]
+
+    def read(sec):
+        warnings.warn(f"config {old} is deprecated: use {new}", DeprecationWarning, stacklevel=2)
+        plugin, _, option = key.rpartition(".")
+        return plugin_options(sec, plugin)[option] if plugin else getattr(sec, key)
+    return property(read, doc=f"Deprecated: read {new}.")
+
+
+_SECTION_TYPES = typing.get_type_hints(Config)
+for _old, _new in RENAMED.items():
+    if _old.partition(".")[0] == _new.partition(".")[0]:      # sync.comm_delay_ms is in another section
+        setattr(_SECTION_TYPES[_old.partition(".")[0]], _old.partition(".")[2], _read_as(_old, _new))
 
 
 def sections(cfg: Config):

@@ -280,3 +280,28 @@ def test_cli_help_lists_the_sub_table_keys():
                 "optim.exclude_1d = True", "optim.lars_exclude_1d -> optim.exclude_1d",
                 "optim.lars.eta = 0.001\n      LARS trust coefficient eta (must be in (0, 1])"):
         assert key in r.stdout, key
+
+
+def test_old_names_read_in_python_warn_and_are_no_fields():
+    """``cfg.optim.lars_eta`` (an old key within its section) reads the new key's value, as the
+    plugin will be built, with a DeprecationWarning; it cannot be set, and ``==``, ``asdict`` and
+    ``to_dict`` (hence the run record) see only the new keys, without a warning."""
+    import dataclasses
+    import warnings
+    cfg = from_set(NEW_SET)
+    with pytest.warns(DeprecationWarning, match=r"^config optim\.lars_eta is deprecated: use optim\.lars\.eta$"):
+        assert cfg.optim.lars_eta == 0.002
+    with pytest.warns(DeprecationWarning, match="sync.odsgd_warmup_steps"):
+        assert cfg.sync.odsgd_warmup_steps == 7
+    with pytest.warns(DeprecationWarning, match="optim.lars_exclude_1d"):
+        assert cfg.optim.lars_exclude_1d is False
+    with pytest.warns(DeprecationWarning, match="optim.lamb_eps"):
+        assert Config().optim.lamb_eps == 1e-6                     # not given: the constructor's default
+    with pytest.raises(AttributeError):
+        cfg.optim.lars_eta = 0.5
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert cfg == from_set(OLD_SET) and cfg.to_dict() == from_set(OLD_SET).to_dict()
+        assert not {"lars_eta", "lamb_eps", "lars_exclude_1d"} & set(dataclasses.asdict(cfg)["optim"])
+        validate(from_set(NEW_SET + ["run.run_dir=/nonexistent/run"]))
+        help_text()
