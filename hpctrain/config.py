@@ -16,7 +16,10 @@ sub-table (``[sync.odsgd]``) whose schema is the plugin's constructor
 (:mod:`hpctrain.config_plugins`).
 
 Renamed keys (:data:`RENAMED`) are read as their new key; the entry point prints one deprecation
-line for each on rank 0 (:func:`deprecation_lines`); an error names the key as written.
+line for each on rank 0 (:func:`deprecation_lines`); an error names the key as written. In Python,
+an old name within its own section (``cfg.optim.lars_eta``) is a read-only property that warns
+(DeprecationWarning) and returns the new key's value; it is no field, so ``==``, ``asdict`` and
+:meth:`Config.to_dict` see the new keys only.
 """
 from __future__ import annotations
 
@@ -24,9 +27,10 @@ import dataclasses
 import os
 import tomllib
 import typing
+import warnings
 from dataclasses import dataclass, field
 
-from hpctrain.config_plugins import help_lines, plugin_tables, set_option, table_problems
+from hpctrain.config_plugins import help_lines, plugin_options, plugin_tables, set_option, table_problems
 from hpctrain.config_values import (FRACTION, INF, LOSS_SCALE, LR, NON_NEGATIVE, POSITIVE, Option, Range, coerce,
                                     field_problem, is_plugin_spec, opt, registry)
 from hpctrain.errors import ConfigError
@@ -90,7 +94,7 @@ class TrainConfig:
 @dataclass
 class OptimConfig:
     name: str = opt("sgd", "optimiser: {choices}", choices="hpctrain.optim:OPTIMIZERS")
-    recipe: str = opt("none", "none: lr, lars_eta, warm-up and schedule as given | auto: the large-batch table "
+    recipe: str = opt("none", "none: lr, lars.eta, warm-up and schedule as given | auto: the large-batch table "
                       "(docs/large-batch.md) sets them from the global batch, the optimiser and whether the model "
                       "normalises (lars, lamb)", choices="hpctrain.optim.recipe:RECIPES")
     lr: float = opt(0.4, "base learning rate at base_batch (linear scaling rule applied if scale_lr)", range=LR)
@@ -110,16 +114,12 @@ class OptimConfig:
     step_epochs: list = opt([], "epochs at which step decay multiplies lr by step_gamma", range=Range(0, 1e5))
     step_gamma: float = opt(0.1, "step decay factor", range=Range(0, 1, lo_open=True))
     label_smoothing: float = opt(0.0, "label smoothing of the cross-entropy loss", range=FRACTION)
-    lars_eta: float = opt(0.001, "LARS trust coefficient eta", range=Range(0, 1, lo_open=True))
-    lars_eps: float = opt(1e-9, "LARS epsilon in the trust ratio denominator", range=Range(0, 1))
     exclude_1d: bool = opt(True, "exclude 1-D parameters (BN, bias) from weight decay (every optimiser) and "
                            "from the trust ratio (LARS, LAMB)")
-    lars_clip: bool = opt(False, "LARC-style clipping of the trust ratio")
     lr_1d_scale: float = opt(1.0, "LARS/LAMB: lr multiplier of the 1-D parameters excluded from the trust ratio "
                              "(1: the raw lr, as MLPerf; too large for a BN-free net, docs/large-batch.md)",
                              range=Range(0, 1))
-    lamb_beta2: float = opt(0.999, "LAMB: second-moment decay (beta1 is optim.momentum)", range=FRACTION)
-    lamb_eps: float = opt(1e-6, "LAMB: epsilon added to sqrt(v_hat)", range=Range(0, 1))
+    options: dict = plugin_tables("hpctrain.optim:OPTIMIZERS", "[optim.NAME]: the options of optimiser NAME")
 
 
 @dataclass
@@ -211,7 +211,27 @@ RENAMED = {
     "sync.comm_delay_ms": "comm.delay_ms",                  # it configures the comm layer
     "optim.lars_exclude_1d": "optim.exclude_1d",            # it governs SGD's weight decay too
     **{f"sync.odsgd_{k}": f"sync.odsgd.{k}" for k in ("warmup_steps", "local_lr", "local_momentum", "dc_lambda")},
+    **{f"optim.{p}_{k}": f"optim.{p}.{k}" for p, k in (("lars", "eta"), ("lars", "eps"), ("lars", "clip"),
+                                                        ("lamb", "beta2"), ("lamb", "eps"))},
 }
+
+
+def _read_as(old: str, new: str) -> property:
+    """``sec.<old>`` in Python: the value of ``new`` (a field or ``plugin.option``, as the plugin
+    will be built) in the same section, with a DeprecationWarning."""
+    key = new.partition(".")[2]
+
+    def read(sec):
+        warnings.warn(f"config {old} is deprecated: use {new}", DeprecationWarning, stacklevel=2)
+        plugin, _, option = key.rpartition(".")
+        return plugin_options(sec, plugin)[option] if plugin else getattr(sec, key)
+    return property(read, doc=f"Deprecated: read {new}.")
+
+
+_SECTION_TYPES = typing.get_type_hints(Config)
+for _old, _new in RENAMED.items():
+    if _old.partition(".")[0] == _new.partition(".")[0]:      # sync.comm_delay_ms is in another section
+        setattr(_SECTION_TYPES[_old.partition(".")[0]], _old.partition(".")[2], _read_as(_old, _new))
 
 
 def sections(cfg: Config):

@@ -36,8 +36,8 @@ def variants(batch: int, factor: int, lr: float, ablation: bool) -> list[tuple[s
         mlperf = {"train.batch_size": big, "optim.weight_decay": 5e-5, "optim.name": "lars", "optim.lr": 10.0,
                   "optim.scale_lr": False, "optim.schedule": "poly", "optim.warmup": "linear",
                   "optim.warmup_epochs": 5.0}
-        rows += [(f"LARS {factor}x MLPerf eta 0.001 raw 1-D lr", {**mlperf, "optim.lars_eta": 0.001}),
-                 (f"LARS {factor}x eta 0.005 raw 1-D lr", {**mlperf, "optim.lars_eta": 0.005})]
+        rows += [(f"LARS {factor}x MLPerf eta 0.001 raw 1-D lr", {**mlperf, "optim.lars.eta": 0.001}),
+                 (f"LARS {factor}x eta 0.005 raw 1-D lr", {**mlperf, "optim.lars.eta": 0.005})]
     return rows
 
 

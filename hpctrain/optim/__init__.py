@@ -13,15 +13,19 @@ lamb     the same batches with Adam's moments under the trust ratio (You et al. 
 =======  =====================================================================================
 
 ``optim.recipe = "auto"`` (``recipe.py``) picks lr, eta and warm-up from the global batch, the
-optimiser and whether the model normalises.
+optimiser and whether the model normalises. Each optimiser's own options (LARS ``eta``, ``eps``,
+``clip``; LAMB ``beta2``, ``eps``) are its factory's annotated keywords, ``[optim.lars]`` and
+``[optim.lamb]`` in the config.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Annotated
 
 import torch
 
-from hpctrain.config_values import matching_options
+from hpctrain.config_plugins import plugin_options
+from hpctrain.config_values import FRACTION, Option, Range, matching_options
 from hpctrain.errors import config_errors
 
 from .lamb import LAMB
@@ -62,46 +66,54 @@ def _sgd(params, *, lr: float, momentum: float, weight_decay: float, nesterov: b
     return torch.optim.SGD(groups, lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov)
 
 
+# Each optimiser's own options ([optim.lars], [optim.lamb] in the config): type, help and range,
+# read by the config (hpctrain.config_plugins); the options all optimisers share stay flat in [optim].
+Eta = Annotated[float, Option("LARS trust coefficient eta", Range(0, 1, lo_open=True))]
+LarsEps = Annotated[float, Option("LARS epsilon in the trust ratio denominator", Range(0, 1))]
+Clip = Annotated[bool, Option("LARC-style clipping of the trust ratio")]
+Beta2 = Annotated[float, Option("LAMB: second-moment decay (beta1 is optim.momentum)", FRACTION)]
+LambEps = Annotated[float, Option("LAMB: epsilon added to sqrt(v_hat)", Range(0, 1))]
+
+
 @OPTIMIZERS.register("lars")
 def _lars(params, *, lr: float, momentum: float, weight_decay: float, nesterov: bool, exclude_1d: bool,
-         eta: float, eps: float, clip: bool, lr_1d_scale: float, **_) -> LARS:
+          lr_1d_scale: float, eta: Eta = 0.001, eps: LarsEps = 1e-9, clip: Clip = False, **_) -> LARS:
     return LARS(params, lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov, eta=eta,
                 eps=eps, clip=clip, exclude_1d=exclude_1d, lr_1d_scale=lr_1d_scale)
 
 
 @OPTIMIZERS.register("lamb")
 def _lamb(params, *, lr: float, momentum: float, weight_decay: float, exclude_1d: bool, lr_1d_scale: float,
-         beta2: float, adam_eps: float, **_) -> LAMB:
-    """LAMB with beta1 = ``momentum``."""
-    return LAMB(params, lr=lr, betas=(momentum, beta2), eps=adam_eps, weight_decay=weight_decay,
-                exclude_1d=exclude_1d, lr_1d_scale=lr_1d_scale)
+          beta2: Beta2 = 0.999, eps: LambEps = 1e-6, adam_eps: float | None = None, **_) -> LAMB:
+    """LAMB with beta1 = ``momentum``; ``adam_eps``: :func:`make_optimizer`'s old name of ``eps``."""
+    return LAMB(params, lr=lr, betas=(momentum, beta2), eps=eps if adam_eps is None else adam_eps,
+                weight_decay=weight_decay, exclude_1d=exclude_1d, lr_1d_scale=lr_1d_scale)
 
 
 def make_optimizer(params_or_model, name: str, lr: float, momentum: float = 0.9,
                    weight_decay: float = 0.0, nesterov: bool = False, *,
-                   exclude_1d: bool = True, eta: float = 0.001, eps: float = 0.0,
-                   clip: bool = False, lr_1d_scale: float = 1.0, beta2: float = 0.999,
-                   adam_eps: float = 1e-6) -> torch.optim.Optimizer:
+                   exclude_1d: bool = True, lr_1d_scale: float = 1.0, **own_options) -> torch.optim.Optimizer:
     """Build the optimiser registered as ``name`` (``sgd``: ``torch.optim.SGD``, ``lars``,
     ``lamb``; :data:`OPTIMIZERS`) for a model (or an iterable of parameters).
 
     SGD with ``exclude_1d``: two param groups, the 1-D one with ``weight_decay=0`` (Goyal et
     al.). LARS and LAMB handle the 1-D exclusion themselves (trust ratio and weight decay; lr
-    times ``lr_1d_scale``); LAMB's beta1 is ``momentum``, beta2 ``beta2``. The schedule
-    sets ``lr`` every step through ``set_lr``. Each factory takes the options it uses.
+    times ``lr_1d_scale``); LAMB's beta1 is ``momentum``. The schedule sets ``lr`` every step
+    through ``set_lr``. ``own_options``: the optimiser's own (its factory's annotated keywords, the
+    ``[optim.<name>]`` table: LARS ``eta``, ``eps``, ``clip``; LAMB ``beta2``, ``eps``, also
+    ``adam_eps``), each defaulting to the factory's; one it does not take is ignored.
     """
     return OPTIMIZERS.get(name)(_params(params_or_model), lr=lr, momentum=momentum, weight_decay=weight_decay,
-                                nesterov=nesterov, exclude_1d=exclude_1d, eta=eta, eps=eps, clip=clip,
-                                lr_1d_scale=lr_1d_scale, beta2=beta2, adam_eps=adam_eps)
+                                nesterov=nesterov, exclude_1d=exclude_1d, lr_1d_scale=lr_1d_scale, **own_options)
 
 
 def optimizer_from_config(params_or_model, o) -> torch.optim.Optimizer:
-    """:func:`make_optimizer` from an ``[optim]`` section (each field named as one of its keywords,
-    and the prefixed ones renamed here); a value it refuses is a ConfigError."""
+    """:func:`make_optimizer` from an ``[optim]`` section: its shared fields named as the keywords,
+    the chosen optimiser's own options from its sub-table ``[optim.<name>]`` over the factory's
+    defaults; a value it refuses is a ConfigError."""
     with config_errors():
-        return make_optimizer(params_or_model, **matching_options(
-            make_optimizer, o, eta=o.lars_eta, eps=o.lars_eps, clip=o.lars_clip, beta2=o.lamb_beta2,
-            adam_eps=o.lamb_eps))
+        return make_optimizer(params_or_model, **matching_options(make_optimizer, o),
+                              **plugin_options(o, o.name))
 
 
 def schedule_from_config(o, *, global_batch: int, steps_per_epoch: int, epochs: int) -> ScheduleSpec:

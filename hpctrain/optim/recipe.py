@@ -32,11 +32,20 @@ LAMB_BASE_LR, LAMB_BASE_BATCH = 0.05, 2048        # square-root scaling from her
 LAMB_MAX_LR = 0.1
 
 
-DECIDES = ("lr", "scale_lr", "base_batch", "lars_eta", "lr_1d_scale", "warmup", "warmup_epochs", "schedule")
+DECIDES = ("lr", "scale_lr", "base_batch", "lars.eta", "lr_1d_scale", "warmup", "warmup_epochs", "schedule")
+
+
+def _value(o, key: str):
+    """Field ``key`` of the section ``o``, or ``plugin.option`` from its sub-table (None: not given)."""
+    if "." in key:
+        plugin, _, name = key.partition(".")
+        return getattr(o, "options", {}).get(plugin, {}).get(name)
+    return getattr(o, key, None)
 
 
 def _default(o, name: str):
-    """The dataclass default of field ``name`` of the section ``o`` (None when it has none)."""
+    """The dataclass default of field ``name`` of the section ``o`` (None when it has none, as a
+    sub-table option not given)."""
     f = next((f for f in dataclasses.fields(o) if f.name == name), None) if dataclasses.is_dataclass(o) else None
     return None if f is None or f.default is dataclasses.MISSING else f.default
 
@@ -89,15 +98,15 @@ def recipe_for(optimizer: str, global_batch: int, normalised: bool) -> Recipe:
 
 def apply_recipe(o, global_batch: int, model: nn.Module, epochs: float | None = None) -> str:
     """With ``o.recipe == "auto"``, overwrite the ``[optim]`` fields the recipe decides (lr,
-    scale_lr, base_batch, lars_eta, lr_1d_scale, warmup, warmup_epochs, schedule) and return the
-    start-up line saying what was chosen and why (also kept as ``o.recipe_line`` for
+    scale_lr, base_batch, ``lars.eta`` in the sub-table, lr_1d_scale, warmup, warmup_epochs,
+    schedule) and return the start-up line saying what was chosen and why (also kept as ``o.recipe_line`` for
     :func:`~hpctrain.optim.schedules.describe_lr`); ``""`` and nothing changed otherwise.
     ``epochs`` given: the warm-up is capped at half the run (a short test run still starts).
     A field the user set away from its default and the recipe changes is named in the line, so
     an override is never silent."""
     if getattr(o, "recipe", "none") != "auto":
         return ""
-    before = {f: getattr(o, f) for f in DECIDES if hasattr(o, f)}
+    before = {f: _value(o, f) for f in DECIDES}
     r = recipe_for(o.name, global_batch, normalises(model))
     warmup, why = r.warmup_epochs, r.why
     if epochs is not None and warmup > epochs / 2:
@@ -108,9 +117,9 @@ def apply_recipe(o, global_batch: int, model: nn.Module, epochs: float | None = 
     if r.base_batch is not None:
         o.base_batch = r.base_batch
     if r.eta is not None:
-        o.lars_eta = r.eta
+        o.options.setdefault("lars", {})["eta"] = r.eta        # [optim.lars] eta: recorded as run
     o.lr_1d_scale = r.lr_1d_scale
-    replaced = [f"optim.{f}={v!r}" for f, v in before.items() if v != _default(o, f) and v != getattr(o, f)]
+    replaced = [f"optim.{f}={v!r}" for f, v in before.items() if v != _default(o, f) and v != _value(o, f)]
     if replaced:
         why += f"; replaces {', '.join(replaced)} given in the config (optim.recipe = \"none\" keeps them)"
     o.recipe_line = f"recipe auto ({o.name}, global batch {global_batch}): {why}"

@@ -1,10 +1,11 @@
 """``optim.name``: the optimiser factories by name (a leaf module, so an optimiser's own file can
 register itself without importing :mod:`hpctrain.optim`).
 
-A factory is called as ``factory(params, **options)`` with every option of
-:func:`hpctrain.optim.make_optimizer` (``lr``, ``momentum``, ``weight_decay``, ``nesterov``,
-``exclude_1d``, ``eta``, ``eps``, ``clip``, ``lr_1d_scale``, ``beta2``, ``adam_eps``); its
-signature names the ones it uses and ends in ``**_`` for the rest.
+A factory is called as ``factory(params, **options)`` with the options all optimisers share
+(``lr``, ``momentum``, ``weight_decay``, ``nesterov``, ``exclude_1d``, ``lr_1d_scale``: flat in
+``[optim]``) and its own: its keywords annotated ``Annotated[type, Option(help, range)]``, the
+sub-table ``[optim.<name>]`` (:mod:`hpctrain.config_plugins`). Its signature names the ones it
+uses and ends in ``**_`` for the rest.
 """
 from __future__ import annotations
 

@@ -23,6 +23,11 @@ odsgd_dc_lambda = 0.1
 comm_delay_ms = 3
 [optim]
 lars_exclude_1d = false
+lars_eta = 0.002
+lars_eps = 1e-8
+lars_clip = true
+lamb_beta2 = 0.99
+lamb_eps = 1e-7
 """
 NEW_TOML = """
 [sync]
@@ -36,12 +41,22 @@ dc_lambda = 0.1
 delay_ms = 3
 [optim]
 exclude_1d = false
+[optim.lars]
+eta = 0.002
+eps = 1e-8
+clip = true
+[optim.lamb]
+beta2 = 0.99
+eps = 1e-7
 """
 OLD_SET = ["sync.algorithm=odsgd", "sync.odsgd_warmup_steps=7", "sync.odsgd_local_lr=0.05",
            "sync.odsgd_local_momentum=0.5", "sync.odsgd_dc_lambda=0.1", "sync.comm_delay_ms=3",
-           "optim.lars_exclude_1d=false"]
+           "optim.lars_exclude_1d=false", "optim.lars_eta=0.002", "optim.lars_eps=1e-8", "optim.lars_clip=true",
+           "optim.lamb_beta2=0.99", "optim.lamb_eps=1e-7"]
 NEW_SET = ["sync.algorithm=odsgd", "sync.odsgd.warmup_steps=7", "sync.odsgd.local_lr=0.05",
-           "sync.odsgd.local_momentum=0.5", "sync.odsgd.dc_lambda=0.1", "comm.delay_ms=3", "optim.exclude_1d=false"]
+           "sync.odsgd.local_momentum=0.5", "sync.odsgd.dc_lambda=0.1", "comm.delay_ms=3", "optim.exclude_1d=false",
+           "optim.lars.eta=0.002", "optim.lars.eps=1e-8", "optim.lars.clip=true", "optim.lamb.beta2=0.99",
+           "optim.lamb.eps=1e-7"]
 
 
 def from_toml(tmp_path, text):
@@ -84,7 +99,7 @@ def test_one_deprecation_line_per_old_key_naming_old_and_new(tmp_path):
     f.write_text(OLD_TOML)
     cfg = config_from_args(["--config", str(f), *[a for item in OLD_SET for a in ("--set", item)]])
     lines = deprecation_lines(cfg)
-    assert len(lines) == len(RENAMED) == 6                   # each old key given twice, named once
+    assert len(lines) == len(RENAMED) == 11                  # each old key given twice, named once
     for old, new in RENAMED.items():
         assert sum(f" {old} " in x and f" {new} " in x for x in lines) == 1, (old, lines)
     assert all(x.startswith("hpctrain: warning: config ") for x in lines)
@@ -102,6 +117,12 @@ def test_one_deprecation_line_per_old_key_naming_old_and_new(tmp_path):
     (["comm.delay_ms=-1"], "config comm.delay_ms: must be in [0, 60000], got -1.0"),
     (["sync.comm_delay_ms=-1"], "config sync.comm_delay_ms: must be in [0, 60000], got -1.0"),
     (["sync.options=1"], "config sync.options: unknown key"),
+    (["optim.lars.eta=0"], "config optim.lars.eta: must be in (0, 1], got 0.0"),
+    (["optim.lars_eta=0"], "config optim.lars_eta: must be in (0, 1], got 0.0"),                 # as given
+    (["optim.lamb.beta2=1.5"], "config optim.lamb.beta2: must be in [0, 1), got 1.5"),
+    (["optim.lars.clip=maybe"], "config optim.lars.clip: expected bool, got 'maybe'"),
+    (["optim.adam.eps=1e-8"], "config optim.adam.eps: unknown key (sub-tables of [optim]: lars, lamb)"),
+    (["optim.sgd.eta=0.1"], "config optim.sgd.eta: unknown key (sgd's options: none)"),
     (["comm.fp16.x=1"], "config comm.fp16.x: unknown key"),
     (["sync.mod:odsgd.x=1"], "config sync.mod:odsgd.x: unknown key (name the sub-table by the plugin's registered "
                              "name, odsgd)"),
@@ -121,6 +142,8 @@ def test_help_lists_plugin_options_and_registry_choices(plugin_sandbox):
     text = help_text()
     assert "  sync.odsgd.warmup_steps = 200\n      plain SSGD for the first N steps (must be >= 0)" in text
     assert "  sync.odsgd.local_momentum = 0.0\n" in text and "sync.odsgd_warmup_steps ->" in text
+    assert "  optim.lars.eta = 0.001\n      LARS trust coefficient eta (must be in (0, 1])" in text
+    assert "  optim.lamb.beta2 = 0.999\n" in text and "optim.lars_eta -> optim.lars.eta" in text
     assert "      optimiser: sgd | lars | lamb\n" in text and "{choices}" not in text
     import examples.plugins.adamw_optimizer  # noqa: F401  registers adamw
     assert "      optimiser: sgd | lars | lamb | adamw\n" in help_text()
@@ -179,7 +202,10 @@ def test_optimiser_adapter_passes_each_field(monkeypatch):
                   "optim.lamb_eps=1e-7"]).optim
     optim_lib.optimizer_from_config([], o)
     assert seen == dict(name="lamb", lr=0.3, momentum=0.8, weight_decay=0.01, nesterov=True, exclude_1d=False,
-                        eta=0.002, eps=1e-8, clip=True, lr_1d_scale=0.5, beta2=0.99, adam_eps=1e-7)
+                        lr_1d_scale=0.5, beta2=0.99, eps=1e-7)           # the chosen optimiser's own options
+    o.name = "lars"
+    optim_lib.optimizer_from_config([], o)
+    assert {k: seen[k] for k in ("name", "eta", "eps", "clip")} == dict(name="lars", eta=0.002, eps=1e-8, clip=True)
 
 
 def test_recompute_bn_stats_is_exported_and_polish_bn_is_its_alias():
@@ -251,5 +277,31 @@ def test_cli_help_lists_the_sub_table_keys():
                        timeout=120)
     assert r.returncode == 0, r.stderr
     for key in ("sync.odsgd.warmup_steps = 200", "sync.odsgd.dc_lambda = 0.0", "comm.delay_ms = 0.0",
-                "optim.exclude_1d = True", "optim.lars_exclude_1d -> optim.exclude_1d"):
+                "optim.exclude_1d = True", "optim.lars_exclude_1d -> optim.exclude_1d",
+                "optim.lars.eta = 0.001\n      LARS trust coefficient eta (must be in (0, 1])"):
         assert key in r.stdout, key
+
+
+def test_old_names_read_in_python_warn_and_are_no_fields():
+    """``cfg.optim.lars_eta`` (an old key within its section) reads the new key's value, as the
+    plugin will be built, with a DeprecationWarning; it cannot be set, and ``==``, ``asdict`` and
+    ``to_dict`` (hence the run record) see only the new keys, without a warning."""
+    import dataclasses
+    import warnings
+    cfg = from_set(NEW_SET)
+    with pytest.warns(DeprecationWarning, match=r"^config optim\.lars_eta is deprecated: use optim\.lars\.eta$"):
+        assert cfg.optim.lars_eta == 0.002
+    with pytest.warns(DeprecationWarning, match="sync.odsgd_warmup_steps"):
+        assert cfg.sync.odsgd_warmup_steps == 7
+    with pytest.warns(DeprecationWarning, match="optim.lars_exclude_1d"):
+        assert cfg.optim.lars_exclude_1d is False
+    with pytest.warns(DeprecationWarning, match="optim.lamb_eps"):
+        assert Config().optim.lamb_eps == 1e-6                     # not given: the constructor's default
+    with pytest.raises(AttributeError):
+        cfg.optim.lars_eta = 0.5
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert cfg == from_set(OLD_SET) and cfg.to_dict() == from_set(OLD_SET).to_dict()
+        assert not {"lars_eta", "lamb_eps", "lars_exclude_1d"} & set(dataclasses.asdict(cfg)["optim"])
+        validate(from_set(NEW_SET + ["run.run_dir=/nonexistent/run"]))
+        help_text()

@@ -14,7 +14,7 @@ NAME = "examples.plugins.adamw_optimizer:adamw"
 
 def test_selected_from_config_and_first_step_is_adamw():
     cfg = config_from_args(["--set", f"optim.name={NAME}", "--set", "optim.weight_decay=0.01",
-                            "--set", "optim.lamb_eps=1e-8", "--run-dir", "/nonexistent/run"])
+                            "--set", "optim.adamw.eps=1e-8", "--run-dir", "/nonexistent/run"])
     validate(cfg)
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2).double()

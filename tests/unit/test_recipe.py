@@ -58,12 +58,13 @@ def test_apply_recipe_sets_the_section_and_the_startup_line():
     o = OptimConfig(name="lars", lr=0.3, scale_lr=True, warmup="none", schedule="cosine", recipe="auto")
     line = apply_recipe(o, 4096, SignalCNN())
     assert (o.lr, o.scale_lr, o.warmup, o.warmup_epochs, o.schedule) == (10.0, False, "linear", 5.0, "poly")
-    assert (o.lars_eta, o.lr_1d_scale) == (0.005, 0.01)
+    assert (o.options["lars"]["eta"], o.lr_1d_scale) == (0.005, 0.01)
     assert line.startswith("recipe auto (lars, global batch 4096): BN-free model: MLPerf lr 10")
     assert describe_lr(o, 4096) == line
     o = OptimConfig(name="lars", recipe="auto")
     apply_recipe(o, 4096, SmallCNN())
-    assert (o.lars_eta, o.lr_1d_scale) == (0.001, 1.0) and "MLPerf ResNet-50 table" in describe_lr(o, 4096)
+    assert (o.options["lars"]["eta"], o.lr_1d_scale) == (0.001, 1.0)
+    assert "MLPerf ResNet-50 table" in describe_lr(o, 4096)
 
 
 def test_recipe_names_the_values_it_replaces():
@@ -78,7 +79,7 @@ def test_recipe_names_the_values_it_replaces():
 
 
 def test_recipe_none_changes_nothing():
-    o = OptimConfig(name="lars", lr=4.0, lars_eta=0.002)
+    o = OptimConfig(name="lars", lr=4.0, options={"lars": {"eta": 0.002}})
     before = dict(vars(o))
     assert apply_recipe(o, 4096, SignalCNN()) == ""
     assert vars(o) == before

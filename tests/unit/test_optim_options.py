@@ -1,0 +1,75 @@
+"""The optimisers' own options in sub-tables (``[optim.lars]``, ``[optim.lamb]``; schema = the
+factory's annotated keywords): the old flat keys (``optim.lars_eta``…) and the new ones build the
+same optimiser as LARS / LAMB constructed directly with those values, and make_optimizer's
+Python keywords (``eta``, ``eps``, ``clip``, ``beta2``, ``adam_eps``) still do."""
+import pytest
+import torch
+
+from hpctrain.cli import config_from_args
+from hpctrain.config import validate
+from hpctrain.optim import LAMB, LARS, make_optimizer, optimizer_from_config
+
+
+def model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+
+
+def from_set(items, *args):
+    cfg = config_from_args([*args, *[a for item in items for a in ("--set", item)], "--run-dir", "/nonexistent/run"])
+    validate(cfg)
+    return cfg
+
+
+def from_toml(tmp_path, text):
+    (tmp_path / "c.toml").write_text(text)
+    return from_set([], "--config", str(tmp_path / "c.toml"))
+
+
+def hyper(opt):
+    """An optimiser's class, defaults and param groups without the tensors (what it will do)."""
+    return type(opt), opt.defaults, [({k: v for k, v in g.items() if k != "params"}, len(g["params"]))
+                                     for g in opt.param_groups]
+
+
+def test_lars_old_and_new_keys_build_the_same_lars(tmp_path):
+    configs = [from_set(["optim.name=lars", "optim.lars_eta=0.002", "optim.lars_eps=1e-8", "optim.lars_clip=true"]),
+               from_set(["optim.name=lars", "optim.lars.eta=0.002", "optim.lars.eps=1e-8", "optim.lars.clip=true"]),
+               from_toml(tmp_path, '[optim]\nname = "lars"\nlars_eta = 0.002\nlars_eps = 1e-8\nlars_clip = true\n'),
+               from_toml(tmp_path, '[optim]\nname = "lars"\n[optim.lars]\neta = 0.002\neps = 1e-8\nclip = true\n')]
+    assert all(c == configs[0] and c.to_dict() == configs[0].to_dict() for c in configs)
+    assert configs[0].to_dict()["optim"]["lars"] == {"eta": 0.002, "eps": 1e-8, "clip": True}
+    o = configs[0].optim
+    direct = LARS(model().parameters(), lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay, eta=0.002,
+                  eps=1e-8, clip=True, exclude_1d=True, lr_1d_scale=1.0)
+    for cfg in configs:
+        assert hyper(optimizer_from_config(model(), cfg.optim)) == hyper(direct)
+
+
+def test_lamb_old_and_new_keys_build_the_same_lamb():
+    old = from_set(["optim.name=lamb", "optim.lamb_beta2=0.99", "optim.lamb_eps=1e-7"])
+    new = from_set(["optim.name=lamb", "optim.lamb.beta2=0.99", "optim.lamb.eps=1e-7"])
+    assert old == new
+    o = new.optim
+    direct = LAMB(model().parameters(), lr=o.lr, betas=(o.momentum, 0.99), eps=1e-7, weight_decay=o.weight_decay)
+    assert hyper(optimizer_from_config(model(), old.optim)) == hyper(direct)
+
+
+@pytest.mark.parametrize("name,direct", [
+    ("lars", lambda p, o: LARS(p, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay, eta=0.001, eps=1e-9)),
+    ("lamb", lambda p, o: LAMB(p, lr=o.lr, betas=(o.momentum, 0.999), eps=1e-6, weight_decay=o.weight_decay)),
+])
+def test_defaults_are_the_old_fields_defaults(name, direct):
+    """Nothing given: eta 0.001, eps 1e-9, clip off; beta2 0.999, eps 1e-6 (OptimConfig's before)."""
+    o = from_set([f"optim.name={name}"]).optim
+    assert o.options == {}
+    assert hyper(optimizer_from_config(model(), o)) == hyper(direct(model().parameters(), o))
+
+
+def test_make_optimizer_keywords_still_work():
+    lars = make_optimizer(model(), "lars", lr=0.5, weight_decay=1e-4, eta=0.01, eps=1e-8, clip=True)
+    assert hyper(lars) == hyper(LARS(model().parameters(), lr=0.5, weight_decay=1e-4, eta=0.01, eps=1e-8, clip=True))
+    lamb = make_optimizer(model(), "lamb", lr=0.01, momentum=0.8, beta2=0.95, adam_eps=1e-8, eta=0.3, clip=True)
+    assert hyper(lamb) == hyper(LAMB(model().parameters(), lr=0.01, betas=(0.8, 0.95), eps=1e-8))
+    sgd = make_optimizer(model(), "sgd", lr=0.1, eta=0.01, beta2=0.9)            # others' keywords: ignored
+    assert type(sgd) is torch.optim.SGD
