@@ -101,8 +101,11 @@ def make_optimizer(params_or_model, name: str, lr: float, momentum: float = 0.9,
     times ``lr_1d_scale``); LAMB's beta1 is ``momentum``. The schedule sets ``lr`` every step
     through ``set_lr``. ``own_options``: the optimiser's own (its factory's annotated keywords, the
     ``[optim.<name>]`` table: LARS ``eta``, ``eps``, ``clip``; LAMB ``beta2``, ``eps``, also
-    ``adam_eps``), each defaulting to the factory's; one it does not take is ignored.
+    ``adam_eps``), each defaulting to the factory's (LARS's ``eps`` excepted: 0, as this function
+    always gave); one it does not take is ignored.
     """
+    if name == "lars":
+        own_options.setdefault("eps", 0.0)      # this function's LARS default, as before (the config's is 1e-9)
     return OPTIMIZERS.get(name)(_params(params_or_model), lr=lr, momentum=momentum, weight_decay=weight_decay,
                                 nesterov=nesterov, exclude_1d=exclude_1d, lr_1d_scale=lr_1d_scale, **own_options)
 

@@ -73,3 +73,10 @@ def test_make_optimizer_keywords_still_work():
     assert hyper(lamb) == hyper(LAMB(model().parameters(), lr=0.01, betas=(0.8, 0.95), eps=1e-8))
     sgd = make_optimizer(model(), "sgd", lr=0.1, eta=0.01, beta2=0.9)            # others' keywords: ignored
     assert type(sgd) is torch.optim.SGD
+
+
+def test_make_optimizer_defaults_are_as_before():
+    """make_optimizer's own defaults did not move with the config's: LARS eps 0 (LARS's, MLPerf's
+    lars_epsilon), LAMB eps 1e-6."""
+    assert hyper(make_optimizer(model(), "lars", lr=0.5)) == hyper(LARS(model().parameters(), lr=0.5, eps=0.0))
+    assert hyper(make_optimizer(model(), "lamb", lr=0.5)) == hyper(LAMB(model().parameters(), lr=0.5, eps=1e-6))
