@@ -30,7 +30,8 @@ import typing
 import warnings
 from dataclasses import dataclass, field
 
-from hpctrain.config_plugins import help_lines, plugin_options, plugin_tables, set_option, table_problems
+from hpctrain.config_plugins import (help_lines, plugin_options, plugin_tables, recorded_tables, set_option,
+                                     table_problems, tables_field)
 from hpctrain.config_values import (FRACTION, INF, LOSS_SCALE, LR, NON_NEGATIVE, POSITIVE, Option, Range, coerce,
                                     field_problem, is_plugin_spec, opt, registry)
 from hpctrain.errors import ConfigError
@@ -197,12 +198,14 @@ class Config:
         self.renamed: dict[str, str] = {}       # new key -> the old one it was given as (not a field)
 
     def to_dict(self) -> dict:
-        """``{section: {key: value}}``; a plugin's options as its sub-table (``sync.odsgd``), as written."""
+        """``{section: {key: value}}``, every key with the value the run uses; a plugin's options as
+        its sub-table (``sync.odsgd``): all of the chosen plugin's (:func:`recorded_tables`)."""
         out = dataclasses.asdict(self)
         for name, sec in sections(self):
-            for f in dataclasses.fields(sec):
-                if "plugins" in f.metadata:
-                    out[name].update(out[name].pop(f.name))
+            f = tables_field(sec)
+            if f is not None:
+                del out[name][f.name]
+                out[name].update(recorded_tables(sec))
         return out
 
 
@@ -216,22 +219,62 @@ RENAMED = {
 }
 
 
-def _read_as(old: str, new: str) -> property:
-    """``sec.<old>`` in Python: the value of ``new`` (a field or ``plugin.option``, as the plugin
-    will be built) in the same section, with a DeprecationWarning."""
+def _old_name(old: str, new: str) -> property:
+    """``sec.<old>`` in Python: reads and sets ``new`` (a field or ``plugin.option``, read as the
+    plugin will be built) in the same section, with a DeprecationWarning."""
     key = new.partition(".")[2]
+    plugin, _, option = key.rpartition(".")
+
+    def warn() -> None:
+        warnings.warn(f"config {old} is deprecated: use {new}", DeprecationWarning, stacklevel=3)
 
     def read(sec):
-        warnings.warn(f"config {old} is deprecated: use {new}", DeprecationWarning, stacklevel=2)
-        plugin, _, option = key.rpartition(".")
+        warn()
         return plugin_options(sec, plugin)[option] if plugin else getattr(sec, key)
-    return property(read, doc=f"Deprecated: read {new}.")
+
+    def write(sec, value) -> None:
+        warn()
+        if plugin:
+            f = tables_field(sec)
+            assert f is not None
+            getattr(sec, f.name).setdefault(plugin, {})[option] = value
+        else:
+            setattr(sec, key, value)
+    return property(read, write, doc=f"Deprecated: {new}.")
+
+
+def _moved(old: str, new: str) -> property:
+    """``sec.<old>`` where ``new`` is in another section: a one-line AttributeError saying where."""
+    def fail(sec, *value):
+        raise AttributeError(f"config {old} moved to another section: use cfg.{new}")
+    return property(fail, fail, doc=f"Moved: cfg.{new}.")
+
+
+def _old_keywords(cls, names: set[str]) -> None:
+    """Let ``cls(old=value)`` work for its old names, through their properties: warned and stored
+    under the new key, or refused in one line naming the section the key moved to."""
+    init = cls.__init__
+
+    def __init__(self, *args, **kwargs):
+        old = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
+        init(self, *args, **kwargs)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            for k, v in old.items():
+                setattr(self, k, v)
+        for w in said:                                  # the warnings, pointing at the caller's line
+            warnings.warn(w.message, w.category, stacklevel=2)
+    __init__.__doc__, __init__.__wrapped__ = init.__doc__, init          # type: ignore[attr-defined]
+    cls.__init__ = __init__
 
 
 _SECTION_TYPES = typing.get_type_hints(Config)
 for _old, _new in RENAMED.items():
-    if _old.partition(".")[0] == _new.partition(".")[0]:      # sync.comm_delay_ms is in another section
-        setattr(_SECTION_TYPES[_old.partition(".")[0]], _old.partition(".")[2], _read_as(_old, _new))
+    _sec, _, _name = _old.partition(".")
+    _same = _sec == _new.partition(".")[0]
+    setattr(_SECTION_TYPES[_sec], _name, (_old_name if _same else _moved)(_old, _new))
+for _sec in {k.partition(".")[0] for k in RENAMED}:
+    _old_keywords(_SECTION_TYPES[_sec], {k.partition(".")[2] for k in RENAMED if k.startswith(_sec + ".")})
 
 
 def sections(cfg: Config):

@@ -141,6 +141,26 @@ def plugin_options(sec, chosen: str) -> dict:
     return {k: given.get(k, spec.default) for k, spec in option_schema(factory).items()}
 
 
+def recorded_tables(sec) -> dict:
+    """Section ``sec``'s sub-tables for the run record: the chosen plugin's with every option it is
+    built with (defaults too, so the record says what ran: an ``optim.lars.eta`` left at its
+    default is still written), the others as given. A choice that does not resolve (the config's
+    validation names it) keeps its table as given."""
+    f = tables_field(sec)
+    if f is None:
+        return {}
+    tables = {k: dict(v) for k, v in getattr(sec, f.name).items()}
+    chosen = next((getattr(sec, g.name) for g in dataclasses.fields(sec)
+                   if g.metadata.get("choices") == f.metadata["plugins"]), None)
+    try:
+        factory = _factory(sec, f, chosen.rpartition(":")[2]) if isinstance(chosen, str) else None
+    except ImportError:
+        factory = None
+    if factory is not None and option_schema(factory):
+        tables[factory.name] = plugin_options(sec, factory.name)
+    return tables
+
+
 def check_options(factory, prefix: str, values: Mapping) -> None:
     """Check the option values given in code (the library API) against ``factory``'s schema, as
     :func:`hpctrain.config.validate` checks the config; a ConfigError names ``prefix.key``.

@@ -24,7 +24,7 @@ from typing import Annotated
 
 import torch
 
-from hpctrain.config_plugins import plugin_options
+from hpctrain.config_plugins import check_options, plugin_options
 from hpctrain.config_values import FRACTION, Option, Range, matching_options
 from hpctrain.errors import config_errors
 
@@ -78,6 +78,8 @@ LambEps = Annotated[float, Option("LAMB: epsilon added to sqrt(v_hat)", Range(0,
 @OPTIMIZERS.register("lars")
 def _lars(params, *, lr: float, momentum: float, weight_decay: float, nesterov: bool, exclude_1d: bool,
           lr_1d_scale: float, eta: Eta = 0.001, eps: LarsEps = 1e-9, clip: Clip = False, **_) -> LARS:
+    """LARS; its own options checked by the rule the config applies (``[optim.lars]``)."""
+    check_options(_lars, "optim.lars", locals())
     return LARS(params, lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov, eta=eta,
                 eps=eps, clip=clip, exclude_1d=exclude_1d, lr_1d_scale=lr_1d_scale)
 
@@ -85,8 +87,11 @@ def _lars(params, *, lr: float, momentum: float, weight_decay: float, nesterov: 
 @OPTIMIZERS.register("lamb")
 def _lamb(params, *, lr: float, momentum: float, weight_decay: float, exclude_1d: bool, lr_1d_scale: float,
           beta2: Beta2 = 0.999, eps: LambEps = 1e-6, adam_eps: float | None = None, **_) -> LAMB:
-    """LAMB with beta1 = ``momentum``; ``adam_eps``: :func:`make_optimizer`'s old name of ``eps``."""
-    return LAMB(params, lr=lr, betas=(momentum, beta2), eps=eps if adam_eps is None else adam_eps,
+    """LAMB with beta1 = ``momentum``; ``adam_eps``: :func:`make_optimizer`'s old name of ``eps``.
+    Its own options are checked by the rule the config applies (``[optim.lamb]``)."""
+    eps = eps if adam_eps is None else adam_eps
+    check_options(_lamb, "optim.lamb", locals())
+    return LAMB(params, lr=lr, betas=(momentum, beta2), eps=eps,
                 weight_decay=weight_decay, exclude_1d=exclude_1d, lr_1d_scale=lr_1d_scale)
 
 

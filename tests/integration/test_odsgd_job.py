@@ -17,7 +17,9 @@ def test_digits_job_with_odsgd_and_a_slow_link(tmp_path):
     summary = lines[-1]
     assert lines[0]["config"]["sync"]["algorithm"] == "odsgd" and summary["algorithm"] == "odsgd"
     assert lines[0]["config"]["comm"]["delay_ms"] == 1.0     # given by its old key, sync.comm_delay_ms
-    assert lines[0]["config"]["sync"]["odsgd"] == {"warmup_steps": 50}
+    # the record holds every option OD-SGD ran with, the ones left at their defaults too
+    assert lines[0]["config"]["sync"]["odsgd"] == {"warmup_steps": 50, "local_lr": 0.0, "local_momentum": 0.0,
+                                                   "dc_lambda": 0.0}
     assert "local_update" in summary["phases_s"]          # the OD-SGD path ran, not SSGD's
     assert summary["test_accuracy"] >= 0.95, summary
 
@@ -63,6 +65,6 @@ def test_old_keys_still_run_with_one_deprecation_line_each_on_rank_0(tmp_path):
         "(read as sync.odsgd.warmup_steps this time)",
         "hpctrain: warning: config sync.comm_delay_ms is deprecated: use comm.delay_ms (read as comm.delay_ms this time)"]
     lines = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
-    assert lines[0]["config"]["sync"]["odsgd"] == {"warmup_steps": 1}
+    assert lines[0]["config"]["sync"]["odsgd"]["warmup_steps"] == 1
     assert lines[0]["config"]["comm"]["delay_ms"] == 1.0
     assert "local_update" in lines[-1]["phases_s"]        # past its 1 warm-up step: OD-SGD's own path ran

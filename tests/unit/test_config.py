@@ -15,6 +15,7 @@ import pytest
 from hpctrain.cli import config_from_args
 from hpctrain.config import (LOSS_SCALE, Config, ConfigError, Range, load_toml, registry, sections, set_value,
                              validate)
+from hpctrain.config_plugins import option_schema
 
 
 def test_precedence(tmp_path):
@@ -133,6 +134,48 @@ def test_every_ranged_field_refuses_values_outside_its_range(key, f):
         setattr(getattr(cfg, section), f.name, [good] if f.type == "list" else good)
         cfg.run.run_dir = "/nonexistent-dir-for-tests/run"
         validate(cfg)
+
+
+def plugin_numbers():
+    """``(section.plugin.option, spec)`` of every numeric option of every registered plugin (the
+    sub-tables: OD-SGD's, LARS's, LAMB's...), read from the registries the config names."""
+    out = []
+    for name, sec in sections(Config()):
+        for f in dataclasses.fields(sec):
+            if "plugins" in f.metadata:
+                module, _, name_ = f.metadata["plugins"].partition(":")
+                for plugin, factory in getattr(importlib.import_module(module), name_).items():
+                    out += [(f"{name}.{plugin}.{k}", spec) for k, spec in option_schema(factory).items()
+                            if spec.type in (int, float)]
+    return out
+
+
+PLUGIN_NUMBERS = plugin_numbers()
+
+
+def test_plugin_options_are_found():
+    keys = {k for k, _ in PLUGIN_NUMBERS}
+    assert {"sync.odsgd.warmup_steps", "sync.odsgd.local_lr", "optim.lars.eta", "optim.lamb.beta2"} <= keys
+
+
+@pytest.mark.parametrize("key,spec", PLUGIN_NUMBERS, ids=[k for k, _ in PLUGIN_NUMBERS])
+def test_every_plugin_option_has_a_finite_range_and_refuses_what_is_outside(key, spec):
+    """The same rules as the fields above, for the options declared on the plugins' constructors."""
+    rng = spec.option.range
+    assert isinstance(rng, Range) and spec.default in rng, key
+    if spec.type is float:                                      # a float's range is finite (ints may be open)
+        assert math.isfinite(rng.lo) and math.isfinite(rng.hi), key
+        for text in ("inf", "nan", "1e400"):
+            with pytest.raises(ConfigError, match=rf"^config {re.escape(key)}: expected a finite float"):
+                set_value(Config(), key, text)
+    section, plugin, _ = key.split(".")
+    for bad in outside(rng):
+        cfg = Config()
+        setattr(cfg.sync if section == "sync" else cfg.optim, "algorithm" if section == "sync" else "name", plugin)
+        set_value(cfg, key, str(int(bad) if spec.type is int else float(bad)))
+        cfg.run.run_dir = "/nonexistent-dir-for-tests/run"
+        with pytest.raises(ConfigError, match=rf"^config {re.escape(key)}: must be"):
+            validate(cfg)
 
 
 def test_loss_scale_range_is_the_loss_scalers():

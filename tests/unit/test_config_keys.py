@@ -3,6 +3,7 @@ keys (old spelling read as the new key, one deprecation line each): both spellin
 config, a bad sub-table key or value is one line naming it, ``--help`` lists what the registries
 hold, and reading a config imports no torch."""
 import inspect
+import re
 import subprocess
 import sys
 from typing import Annotated  # noqa: F401  (read by a string annotation below)
@@ -284,7 +285,7 @@ def test_cli_help_lists_the_sub_table_keys():
 
 def test_old_names_read_in_python_warn_and_are_no_fields():
     """``cfg.optim.lars_eta`` (an old key within its section) reads the new key's value, as the
-    plugin will be built, with a DeprecationWarning; it cannot be set, and ``==``, ``asdict`` and
+    plugin will be built, with a DeprecationWarning; setting it sets the new key; ``==``, ``asdict`` and
     ``to_dict`` (hence the run record) see only the new keys, without a warning."""
     import dataclasses
     import warnings
@@ -297,11 +298,67 @@ def test_old_names_read_in_python_warn_and_are_no_fields():
         assert cfg.optim.lars_exclude_1d is False
     with pytest.warns(DeprecationWarning, match="optim.lamb_eps"):
         assert Config().optim.lamb_eps == 1e-6                     # not given: the constructor's default
-    with pytest.raises(AttributeError):
-        cfg.optim.lars_eta = 0.5
+    with pytest.warns(DeprecationWarning, match="optim.lars_eta"):
+        cfg.optim.lars_eta = 0.5                                  # sets the new key
+    assert cfg.optim.options["lars"]["eta"] == 0.5
+    cfg.optim.options["lars"]["eta"] = 0.002
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert cfg == from_set(OLD_SET) and cfg.to_dict() == from_set(OLD_SET).to_dict()
         assert not {"lars_eta", "lamb_eps", "lars_exclude_1d"} & set(dataclasses.asdict(cfg)["optim"])
         validate(from_set(NEW_SET + ["run.run_dir=/nonexistent/run"]))
         help_text()
+
+
+def test_old_names_as_constructor_keywords_set_the_new_keys():
+    """``OptimConfig(lars_eta=...)`` (Python code written before the rename) builds the same
+    section as the new key, with a DeprecationWarning; a key that moved to another section is one
+    line saying where."""
+    from hpctrain.config import CommConfig, OptimConfig, SyncConfig
+    with pytest.warns(DeprecationWarning) as said:
+        old = OptimConfig(lars_eta=0.002, lars_exclude_1d=False, lr=0.1)
+    assert sorted(str(w.message) for w in said) == ["config optim.lars_eta is deprecated: use optim.lars.eta",
+                                                    "config optim.lars_exclude_1d is deprecated: use optim.exclude_1d"]
+    assert {w.filename for w in said} == {__file__}                     # pointing at the caller's line
+    assert old == OptimConfig(options={"lars": {"eta": 0.002}}, exclude_1d=False, lr=0.1)
+    with pytest.warns(DeprecationWarning, match="sync.odsgd_warmup_steps"):
+        assert SyncConfig(algorithm="odsgd", odsgd_warmup_steps=3) == SyncConfig("odsgd", {"odsgd": {"warmup_steps": 3}})
+    with pytest.raises(AttributeError, match=r"^config sync\.comm_delay_ms moved to another section: use "
+                                             r"cfg\.comm\.delay_ms$"):
+        SyncConfig(comm_delay_ms=1.0)
+    with pytest.raises(AttributeError, match="use cfg.comm.delay_ms"):
+        Config().sync.comm_delay_ms
+    assert CommConfig(delay_ms=1.0).delay_ms == 1.0
+
+
+def test_record_holds_every_option_the_chosen_plugins_run_with():
+    """The run record (``to_dict``) says what ran: the chosen algorithm's and optimiser's options
+    with their defaults (read from the constructors here, independently), the others as given."""
+    import inspect
+
+    from hpctrain.optim import OPTIMIZERS
+    from hpctrain.update import ODSGD
+    cfg = from_set(["sync.algorithm=odsgd", "sync.odsgd.warmup_steps=3", "optim.name=lars", "optim.lamb.beta2=0.9"])
+    rec = cfg.to_dict()
+    defaults = {k: p.default for k, p in inspect.signature(ODSGD).parameters.items()
+                if k in ("warmup_steps", "local_lr", "local_momentum", "dc_lambda")}
+    assert rec["sync"]["odsgd"] == {**defaults, "warmup_steps": 3}
+    lars = inspect.signature(OPTIMIZERS.get("lars")).parameters
+    assert rec["optim"]["lars"] == {k: lars[k].default for k in ("eta", "eps", "clip")}
+    assert rec["optim"]["lamb"] == {"beta2": 0.9}                         # not chosen: as given
+    assert "odsgd" not in Config().to_dict()["sync"] and "lars" not in Config().to_dict()["optim"]
+
+
+def test_optimiser_options_given_in_code_meet_the_configs_rule():
+    """``make_optimizer`` checks LARS's and LAMB's own options by the range the config applies:
+    one rule, one message."""
+    import torch
+
+    from hpctrain.optim import make_optimizer
+    m = torch.nn.Linear(2, 2)
+    for name, kw, key in (("lars", {"eta": 5.0}, "optim.lars.eta"), ("lamb", {"eps": 3.0}, "optim.lamb.eps"),
+                          ("lamb", {"beta2": 1.0}, "optim.lamb.beta2")):
+        with pytest.raises(ConfigError, match=rf"^config {re.escape(key)}: must be in "):
+            make_optimizer(m, name, lr=0.1, **kw)
+        with pytest.raises(ConfigError, match=rf"^config {re.escape(key)}: must be in "):
+            validate(from_set([f"optim.name={name}", f"{key}={next(iter(kw.values()))}"]))
