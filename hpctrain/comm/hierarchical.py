@@ -37,6 +37,7 @@ from mpi4py import MPI
 from hpctrain.comm.base import GradSync
 from hpctrain.comm.buckets import Bucket
 from hpctrain.comm.fused import sum_into
+from hpctrain.comm.progress import Reduction
 from hpctrain.comm import tuner
 from hpctrain.comm.ring import RingBuffers, allreduce_bucket, chunk_bounds
 from hpctrain.comm.window import SharedWindow, aligned, layout
@@ -119,7 +120,7 @@ class HierarchicalSync(GradSync):
         yield [intra.Ibarrier()]
         self._win.sync()
 
-    def reduce_bucket(self, bucket: Bucket):
+    def reduce_bucket(self, bucket: Bucket) -> Reduction:
         i, t = bucket.index, self.topo
         if bucket.n_elems == 0:
             return False
