@@ -17,11 +17,11 @@ from hpctrain.comm.buckets import Bucket
 from hpctrain.comm.progress import Reduction
 from hpctrain.comm import tuner
 from hpctrain.comm.ring import RingBuffers, allreduce_bucket
+from hpctrain.comm.strategies import STRATEGIES
 
 
+@STRATEGIES.register("flat")
 class FlatSync(GradSync):
-    name = "flat"
-
     def _setup(self) -> None:
         # One communicator per bucket: rings of different buckets may be in flight together.
         self._comms = [self.comm.Dup() for _ in self.buckets]

@@ -40,6 +40,7 @@ from hpctrain.comm.fused import sum_into
 from hpctrain.comm.progress import Reduction
 from hpctrain.comm import tuner
 from hpctrain.comm.ring import RingBuffers, allreduce_bucket, chunk_bounds
+from hpctrain.comm.strategies import STRATEGIES
 from hpctrain.comm.window import SharedWindow, aligned, layout
 from hpctrain.comm.wire import Wire
 
@@ -51,9 +52,8 @@ def nodes_share_memory(topo) -> bool:
     return bool(topo.comm.allreduce(shared, op=MPI.LAND))
 
 
+@STRATEGIES.register("hierarchical")
 class HierarchicalSync(GradSync):
-    name = "hierarchical"
-
     def _prepare(self, sizes) -> None:
         t = self.topo
         if not nodes_share_memory(t):
