@@ -71,11 +71,13 @@ test: setup
 	$(MAKE) --no-print-directory test-slurm
 	$(MAKE) --no-print-directory test-mpich
 
-# ruff, then mypy, on the package code (hpctrain, data_tools, kernels); both read their settings
-# from pyproject.toml. ruff does not follow the links hpctrain/kernels and hpctrain/data_tools, so
-# it is given the folders; mypy follows them (its files: hpctrain). ruff: a second; mypy: ~20 s from a cold cache, under a second warm (.mypy_cache).
+# ruff, then mypy, on the package code (hpctrain, data_tools, kernels; ruff on examples/ too, so
+# what users copy stays clean); both read their settings from pyproject.toml. ruff does not follow
+# the links hpctrain/kernels and hpctrain/data_tools, so it is given the folders; mypy follows them
+# (its files: hpctrain). mypy is slow from a cold cache (it reads torch) and quick warm
+# (.mypy_cache); figures in docs/environment.md, "Lint".
 lint: setup
-	$(PY) -m ruff check hpctrain data_tools kernels && echo "== [lint] ruff: clean"
+	$(PY) -m ruff check hpctrain data_tools kernels examples && echo "== [lint] ruff: clean"
 	$(PY) -m mypy && echo "== [lint] mypy: clean"
 
 # The documentation site (mkdocs.yml, docs/, API pages from the docstrings by static analysis:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .sources import SourceError, from_arrays, source
+from .sources import Source, SourceError, from_arrays, source
 
 CIFAR10: dict[str, Any] = {"train": [f"data_batch_{i}" for i in range(1, 6)], "test": ["test_batch"],
                            "meta": "batches.meta", "labels": "labels", "names": "label_names"}
@@ -61,7 +61,7 @@ class SafeUnpickler(pickle.Unpickler):
         super().__init__(fh, encoding="latin1")      # Python 2 str → str, as NumPy's docs advise
         self.origin = origin
 
-    def find_class(self, module: str, name: str):
+    def find_class(self, module: str, name: str) -> Any:
         try:
             return self._ALLOWED[(module, name)]
         except KeyError:
@@ -69,7 +69,7 @@ class SafeUnpickler(pickle.Unpickler):
                                     f"(only NumPy arrays and plain containers are allowed)") from None
 
 
-def safe_load(data: bytes, origin: str):
+def safe_load(data: bytes, origin: str) -> Any:
     try:
         return SafeUnpickler(io.BytesIO(data), origin).load()
     except UnsafePickleError as exc:
@@ -118,7 +118,7 @@ def _batch(read, name: str, labels_key: str, origin: str):
 
 
 @source("cifar")
-def load_cifar(src: str | None, *, size=None, encode="raw", class_names=None, **_):
+def load_cifar(src: str | None, *, size=None, encode="raw", class_names=None, **_) -> Source:
     """CIFAR-10 or CIFAR-100 (told apart by their file names); 32×32 RGB, train and test splits."""
     if not src:
         raise SourceError("cifar: give the cifar-10-batches-py / cifar-100-python folder or its .tar.gz")

@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from .sources import SourceError, from_arrays, source
+from .sources import Source, SourceError, from_arrays, source
 
 IDX_TYPES: dict[int, np.dtype] = {
     0x08: np.dtype(">u1"), 0x09: np.dtype(">i1"), 0x0B: np.dtype(">i2"), 0x0C: np.dtype(">i4"),
@@ -52,7 +52,7 @@ def read_idx(path: str) -> np.ndarray:
 
 
 @source("mnist")
-def load_mnist(src: str | None, *, size=None, encode="raw", class_names=None, **_):
+def load_mnist(src: str | None, *, size=None, encode="raw", class_names=None, **_) -> Source:
     """MNIST or Fashion-MNIST (class names of Fashion-MNIST when the folder name says 'fashion')."""
     if not src or not os.path.isdir(src):
         raise SourceError(f"{src}: not an MNIST folder")

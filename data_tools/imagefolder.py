@@ -107,7 +107,7 @@ def _split_reader(items: list, shape: tuple, encode: str, fixed_size: bool):
 
 @source("imagefolder")
 def load_imagefolder(src: str | None, *, test_fraction: float = 0.2, seed: int = 0, size=None,
-                     encode="raw", class_names=None, **_):
+                     encode="raw", class_names=None, **_) -> Source:
     """A class-per-folder image tree, as (3, H, W) uint8 (raw) or kept JPEG bytes."""
     if not src or not os.path.isdir(src):
         raise SourceError(f"{src}: image folder not found")

@@ -21,6 +21,7 @@ import zipfile
 import zlib
 from dataclasses import dataclass, field
 from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 
@@ -28,7 +29,7 @@ from hpctrain.errors import UserError
 from hpctrain.registry import Registry
 
 # Filled by the reader modules as they are imported; data_tools/readers.py imports all of them.
-SOURCES: Registry[Callable] = Registry("data source", "source")
+SOURCES: Registry[Callable[..., Source]] = Registry("data source", "source")
 MAX_CLASSES = 100_000            # one output unit and one name per class: a larger label is a corrupt file
 MAX_SAMPLE_BYTES = 256 << 20     # one decoded sample; each rank holds a chunk of at least one in memory
 _SCAN_BYTES = 32 << 20           # samples checked for NaN/inf per step (bounds the temporary mask)
@@ -38,9 +39,16 @@ class SourceError(UserError):
     """The source file or folder is unusable (message names it, and the sample where known)."""
 
 
-def source(name: str):
-    """Decorator: register a reader as ``--from name``."""
-    return SOURCES.register(name)
+Reader = TypeVar("Reader", bound="Callable[..., Source]")
+
+
+def source(name: str) -> Callable[[Reader], Reader]:
+    """Decorator: register a reader as ``--from name`` (the reader itself is returned, its
+    signature kept)."""
+    def deco(reader: Reader) -> Reader:
+        SOURCES.register(name)(reader)
+        return reader
+    return deco
 
 
 @dataclass
@@ -80,7 +88,7 @@ def held_out_count(n: int, test_fraction: float, origin: str) -> int:
     return n_test
 
 
-def train_test_split(x, y, test_fraction: float, seed: int, origin: str = "source"):
+def train_test_split(x, y, test_fraction: float, seed: int, origin: str = "source") -> dict[str, tuple]:
     """A fixed, seeded split (the same on every machine)."""
     n_test = held_out_count(len(x), test_fraction, origin)
     perm = np.random.default_rng(seed).permutation(len(x))
@@ -195,7 +203,8 @@ def from_arrays(splits: dict, class_names: list, origin: str, *, size=None, enco
 
 
 @source("digits")
-def load_digits(src: str | None, *, test_fraction: float = 0.2, seed: int = 0, size=None, encode="raw", **_):
+def load_digits(src: str | None, *, test_fraction: float = 0.2, seed: int = 0, size=None, encode="raw",
+                **_) -> Source:
     """scikit-learn's bundled handwritten digits: 1,797 8×8 images, values 0..16, 10 classes."""
     from sklearn.datasets import load_digits as sk_digits
     d = sk_digits()
@@ -272,7 +281,7 @@ def _npz_test_file(arrays: dict, src: str, test_file: str) -> None:
 
 @source("npz")
 def load_npz(src: str | None, *, test_fraction: float = 0.2, seed: int = 0, size=None, encode="raw",
-             class_names=None, allow_nonfinite: bool = False, test_file: str | None = None, **_):
+             class_names=None, allow_nonfinite: bool = False, test_file: str | None = None, **_) -> Source:
     """A ``.npz`` with arrays ``x`` and ``y`` (and optionally ``x_test``, ``y_test``), or a train
     ``.npz`` plus a test ``.npz`` (``test_file``, its arrays ``x``/``y``). Without a test split a
     seeded ``test_fraction`` split is made, and said in :attr:`Source.notes`."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .sources import from_arrays, source
+from .sources import Source, from_arrays, source
 
 SIGNAL_LENGTH = 64
 
@@ -39,7 +39,7 @@ def make_signals(n: int, seed: int, length: int = SIGNAL_LENGTH) -> tuple[np.nda
 
 
 @source("signal1d")
-def load_signal1d(src: str | None, *, n_train: int = 16384, n_test: int = 4096, seed: int = 0, **_):
+def load_signal1d(src: str | None, *, n_train: int = 16384, n_test: int = 4096, seed: int = 0, **_) -> Source:
     """Generated 1-D signals, 10 classes (module docstring); ``src`` is ignored."""
     x, y = make_signals(n_train + n_test, seed)
     splits = {"train": (x[:n_train], y[:n_train]), "test": (x[n_train:], y[n_train:])}
@@ -48,7 +48,7 @@ def load_signal1d(src: str | None, *, n_train: int = 16384, n_test: int = 4096, 
 
 
 @source("tabular")
-def load_tabular(src: str | None, *, n_train: int = 16384, n_test: int = 4096, seed: int = 0, **_):
+def load_tabular(src: str | None, *, n_train: int = 16384, n_test: int = 4096, seed: int = 0, **_) -> Source:
     """``make_classification`` features, 8 classes (module docstring); ``src`` is ignored."""
     from sklearn.datasets import make_classification
     x, y = make_classification(n_samples=n_train + n_test, n_features=32, n_informative=12, n_redundant=8,
@@ -70,7 +70,7 @@ def make_spirals(n: int, seed: int, arms: int = 5) -> tuple[np.ndarray, np.ndarr
 
 
 @source("spirals")
-def load_spirals(src: str | None, *, n_train: int = 16384, n_test: int = 4096, seed: int = 0, **_):
+def load_spirals(src: str | None, *, n_train: int = 16384, n_test: int = 4096, seed: int = 0, **_) -> Source:
     """Generated 2-D spirals in 16 features, 5 classes (module docstring); ``src`` is ignored."""
     x, y = make_spirals(n_train + n_test, seed)
     splits = {"train": (x[:n_train], y[:n_train]), "test": (x[n_train:], y[n_train:])}

@@ -8,6 +8,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hpctrain.config import Config
 
 # Subcommand → "module:function(argv) -> int", imported only when used.
 SUBCOMMANDS = {
@@ -57,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def config_from_args(argv: list[str]):
+def config_from_args(argv: list[str]) -> Config:
     """Parse argv into a validated-later :class:`Config` (raises ConfigError on bad keys/values)."""
     from hpctrain.config import Config, ConfigError, load_toml, set_value
     args = build_parser().parse_args(argv)
@@ -78,7 +82,7 @@ def config_from_args(argv: list[str]):
     return cfg
 
 
-def quiet_config(argv: list[str]):
+def quiet_config(argv: list[str]) -> Config | None:
     """The :class:`Config` of these arguments, or None where they do not parse (reported later,
     once MPI is up, on every rank; nothing is printed here, not even ``--help``)."""
     import contextlib

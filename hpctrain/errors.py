@@ -9,6 +9,7 @@ rank prints its line and aborts the job, since the others wait in a collective i
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 
 
 class UserError(Exception):
@@ -32,7 +33,7 @@ class LocalUserError(UserError):
 
 
 @contextlib.contextmanager
-def config_errors():
+def config_errors() -> Iterator[None]:
     """Inside, a ``ValueError`` from a builder's argument checks becomes a :class:`ConfigError`
     with the same message: the arguments were read from a config section (``*_from_config``)."""
     try:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
+from typing import IO, Any
 
 
 def temp_path(path: str) -> str:
@@ -38,7 +40,7 @@ def discard(tmp: str) -> None:
 
 
 @contextlib.contextmanager
-def atomic_open(path: str, mode: str = "w"):
+def atomic_open(path: str, mode: str = "w") -> Iterator[IO[Any]]:
     """``with atomic_open(path, "wb") as fh``: write ``fh``; ``path`` appears complete on success
     and is left untouched on an exception."""
     tmp = temp_path(path)

@@ -9,6 +9,7 @@ import contextlib
 import itertools
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -57,7 +58,7 @@ class Job:
         return self.trainer.model
 
 
-def on_agreed_exit(close):
+def on_agreed_exit(close: Callable[[], object]) -> Callable[..., bool]:
     """An ``ExitStack`` exit callback running the collective ``close`` on a normal exit or an
     error every rank raised together (an ``agreed`` :class:`UserError`: set-up errors, stops,
     checkpoint errors, non-finite steps). Any other exception may be this rank's alone: a

@@ -10,7 +10,10 @@ anyone reproducing a fault by hand):
 * ``HPCTRAIN_TEST_STAGING=1``: CPU gradient buckets take the GPU's staging path (read when the
   buckets are made: :func:`staging_forced`);
 * ``HPCTRAIN_TEST_DEVICE_BATCHES=1``: the CPU job takes the GPU's data path, raw batches prepared
-  after the copy (:func:`device_batches_forced`).
+  after the copy (:func:`device_batches_forced`);
+* ``HPCTRAIN_CLUSTER_INJECT_FAULT=fail:K`` or ``hang:K``: ``cluster up`` fails (or hangs 60 s)
+  once node K of the emulated cluster is built, to test its cleanup (:func:`cluster_fault`, read
+  by :mod:`hpctrain.cluster.netns` after each node).
 
 One seam is not an environment variable: ``hpctrain.comm.ring.AS_TENSOR``, the device types
 whose buffers go to MPI as tensors, which tests monkeypatch to include ``"cpu"``.
@@ -41,6 +44,7 @@ INJECT_FAULT = "HPCTRAIN_INJECT_FAULT"
 INJECT_KILL = "HPCTRAIN_INJECT_KILL"
 TEST_STAGING = "HPCTRAIN_TEST_STAGING"
 TEST_DEVICE_BATCHES = "HPCTRAIN_TEST_DEVICE_BATCHES"
+CLUSTER_INJECT_FAULT = "HPCTRAIN_CLUSTER_INJECT_FAULT"
 
 
 def staging_forced() -> bool:
@@ -51,6 +55,13 @@ def staging_forced() -> bool:
 def device_batches_forced() -> bool:
     """Do the tests ask the CPU job to take the GPU's data path?"""
     return os.environ.get(TEST_DEVICE_BATCHES) == "1"
+
+
+def cluster_fault(node: int) -> str | None:
+    """The fault ``HPCTRAIN_CLUSTER_INJECT_FAULT=KIND:K`` asks for once node ``node`` of an
+    emulated cluster is built (``KIND``: ``fail`` or ``hang``), or None (unset, another node)."""
+    kind, _, at = os.environ.get(CLUSTER_INJECT_FAULT, "").partition(":")
+    return kind if kind and at and int(at) == node else None
 
 
 _kill_counts: Counter = Counter()

@@ -82,9 +82,9 @@ class DistributedTrainer:
         if why:
             raise ValueError(f"precision.compute: {why}")
         comm_lib.broadcast_module(model, topology.comm)
-        self.sync = comm_lib.create(strategy, model.parameters(), topology, bucket_bytes=int(bucket_mb * 2**20),
-                                    compression=compression, overlap=overlap, tune=tune)
-        self.sync = comm_lib.with_comm_delay(self.sync, comm_delay_ms)   # emulated slow link (0: none)
+        sync = comm_lib.create(strategy, model.parameters(), topology, bucket_bytes=int(bucket_mb * 2**20),
+                               compression=compression, overlap=overlap, tune=tune)
+        self.sync = comm_lib.with_comm_delay(sync, comm_delay_ms)   # emulated slow link (0: none)
         self.algo = update_lib.create(algorithm, model, optimizer, self.sync, scaler=scaler, timer=self.timer,
                                     **(algorithm_options or {}))
         self.step_count = 0

@@ -11,7 +11,7 @@
 # DRY_RUN=1 prints that choice and what would be installed, and changes nothing.
 # Idempotent: a stamp keyed on this script, setup.cfg, pyproject.toml, MPI and the torch flavour
 # makes a second run instant.
-# Facts behind each step: ../shared/DESIGN.md, "Environment facts"; README "MPI implementations".
+# Facts behind each step: docs/environment.md ("MPI"); README "MPI implementations".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MPI=${MPI:-openmpi}

@@ -75,7 +75,8 @@ def train(epoch):
             loss.backward()
         optimizer.step()
         if batch_idx % args.log_interval == 0 and hvd.rank() == 0:
-            print(f"Train epoch {epoch} [{batch_idx * len(data)}/{len(train_sampler)}]\tloss {loss.item() * len(chunks):.4f}")
+            print(f"Train epoch {epoch} [{batch_idx * len(data)}/{len(train_sampler)}]"
+                  f"\tloss {loss.item() * len(chunks):.4f}")
 
 
 def test():

@@ -20,13 +20,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from hpctrain.cluster.spec import ClusterSpec, agent_script, bridge_commands, node_commands
+from hpctrain.testhooks import CLUSTER_INJECT_FAULT, cluster_fault
 
 __all__ = ["ClusterError", "state_dir", "load_spec", "require_root", "check_tools", "probe",
            "probe_qdisc", "bring_up", "tear_down", "link_counters", "node_processes"]
 
 # Tool → the Debian package that has it.
 TOOLS = {"ip": "iproute2", "tc": "iproute2", "unshare": "util-linux", "sysctl": "procps"}
-FAULT_ENV = "HPCTRAIN_CLUSTER_INJECT_FAULT"   # tests: "fail:K" / "hang:K" after node K is built
+FAULT_ENV = CLUSTER_INJECT_FAULT   # the test switch (hpctrain.testhooks), by its older name here
 
 
 class ClusterError(RuntimeError):
@@ -133,12 +134,12 @@ def signals_raise(make_exc=_interrupted):
 
 
 def _inject_fault(node: int) -> None:
-    kind, _, at = os.environ.get(FAULT_ENV, "").partition(":")
-    if kind and at and int(at) == node:
-        if kind == "fail":
-            raise ClusterError(f"injected fault after node {node} ({FAULT_ENV})")
-        if kind == "hang":
-            time.sleep(60)
+    """The test hook after node ``node`` is built (:func:`hpctrain.testhooks.cluster_fault`)."""
+    kind = cluster_fault(node)
+    if kind == "fail":
+        raise ClusterError(f"injected fault after node {node} ({FAULT_ENV})")
+    if kind == "hang":
+        time.sleep(60)
 
 
 def bring_up(spec: ClusterSpec) -> Path:

@@ -41,20 +41,9 @@ from hpctrain.comm.compression import COMPRESSIONS
 from hpctrain.comm.delay import DelayedSync, with_comm_delay
 from hpctrain.comm.flat import FlatSync
 from hpctrain.comm.hierarchical import HierarchicalSync, nodes_share_memory
-from hpctrain.registry import Registry
+from hpctrain.comm.strategies import STRATEGIES, register
 
-# Registration order is the order config errors list the choices in.
-STRATEGIES: Registry = Registry("comm.strategy", "strategy")
-
-
-def register(cls: type[GradSync]) -> type[GradSync]:
-    """Class decorator: make a strategy selectable by its ``name`` (``STRATEGIES.register(name)``
-    sets the name instead)."""
-    return STRATEGIES.register(cls.name)(cls)
-
-
-register(FlatSync)
-register(HierarchicalSync)
+# Importing flat and hierarchical (above, in this order) registered them; auto comes last.
 
 
 def auto(params, topology, **kwargs) -> GradSync:

@@ -23,7 +23,7 @@ from hpctrain.comm import compression as compression_lib
 from hpctrain.comm import staging as staging_lib
 from hpctrain.comm import tuner
 from hpctrain.comm.buckets import DEFAULT_BUCKET_BYTES, Bucket, bucket_sizes, make_buckets
-from hpctrain.comm.progress import Pending
+from hpctrain.comm.progress import Pending, Reduction
 from hpctrain.comm.wire import Wire
 from hpctrain.topology import Topology
 
@@ -77,7 +77,7 @@ class GradSync:
         self.closed = False
 
     # --- what a strategy provides -------------------------------------------------------------
-    def reduce_bucket(self, bucket: Bucket):
+    def reduce_bucket(self, bucket: Bucket) -> Reduction:
         """Generator: ``bucket.out <- mean over ranks`` of ``bucket.flat`` (full precision:
         scale by ``gather_scale`` in the reduction), or of the packed, pre-divided
         ``bucket.wire`` (a whole-bucket wire: leave the mean there, in place; the bucket decodes

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from hpctrain.comm import staging as staging_lib
+from hpctrain.comm.compression import Codec
 from hpctrain.comm.wire import Wire
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20
@@ -71,7 +72,7 @@ class Bucket:
         return self.link.buf if self.link.packs_bucket else None
 
     @property
-    def codec(self):
+    def codec(self) -> Codec:
         """The codec of this bucket's wire (read-only)."""
         return self.link.codec
 

@@ -27,6 +27,7 @@ and the sum of ``world`` gradients of magnitude up to 65504 cannot overflow.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -35,7 +36,6 @@ from hpctrain import kernels
 from hpctrain.comm.ring import SMALL_BYTES
 from hpctrain.registry import Registry
 
-COMPRESSIONS: Registry = Registry("comm.compression", "compression")
 
 
 @runtime_checkable
@@ -53,8 +53,9 @@ class Codec(Protocol):
     def wire_buffer(self, n_elems: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """A buffer for ``n_elems`` gradients of ``dtype`` in the wire format."""
 
-    def scratch(self, n_elems: int):
-        """What :meth:`reduce` needs beside chunks of up to ``n_elems`` (allocated once)."""
+    def scratch(self, n_elems: int) -> object:
+        """What :meth:`reduce` needs beside chunks of up to ``n_elems`` (allocated once): a
+        tensor or a tuple of tensors, opaque to everyone but the codec's own :meth:`reduce`."""
 
     def pack(self, tensors, wire: torch.Tensor, scale: float = 1.0) -> None:
         """``wire <- scale * concat(tensors)``, in the wire format."""
@@ -67,6 +68,10 @@ class Codec(Protocol):
         ``check``, whether the result holds inf/NaN."""
 
 
+# A codec class, called with no arguments; registered in the order config errors list them.
+COMPRESSIONS: Registry[Callable[[], Codec]] = Registry("comm.compression", "compression")
+
+
 @COMPRESSIONS.register("none")
 class NoCompression:
     """Full precision on the wire; the bucket itself travels (no copies, MPI can sum it), so
@@ -77,6 +82,7 @@ class NoCompression:
     the inf/NaN sum then read the piece the add just wrote while it is still in L2, instead of
     two more passes over memory."""
 
+    name: str               # "none": set by COMPRESSIONS.register
     compresses = False
     mpi_summable = True
     PIECE_ELEMS = 1 << 17   # 512 KiB of fp32
@@ -101,7 +107,7 @@ class NoCompression:
             t.copy_(wire[lo:hi].view_as(t))
             lo = hi
 
-    def scratch(self, n_elems: int):
+    def scratch(self, n_elems: int) -> torch.Tensor:
         return torch.empty(-(-n_elems // self.PIECE_ELEMS), dtype=torch.float64)
 
     def reduce(self, dst, recv, scratch, check: bool, src=None, scale: float = 1.0) -> bool:
@@ -139,6 +145,7 @@ class FP16Compression:
     |gradient| for n ranks.
     """
 
+    name: str               # "fp16": set by COMPRESSIONS.register
     compresses = True
     mpi_summable = False
     PIECE_ELEMS = 1 << 16   # 2 x 256 KiB of fp32 scratch: both operands stay in L2
@@ -151,7 +158,7 @@ class FP16Compression:
     def wire_buffer(self, n_elems: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return torch.empty(n_elems, dtype=torch.float16)
 
-    def scratch(self, n_elems: int):
+    def scratch(self, n_elems: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         piece = min(n_elems, self.PIECE_ELEMS)
         n_pieces = -(-n_elems // self.PIECE_ELEMS)
         return torch.empty(piece), torch.empty(piece), torch.empty(n_pieces)
@@ -181,12 +188,12 @@ class FP16Compression:
         return check and n > 0 and not bool(torch.isfinite(sums[:-(-n // piece)].sum()))
 
 
-def get(name: str):
+def get(name: str) -> Codec:
     """The codec called ``name``; a ValueError names the valid choices."""
     return COMPRESSIONS.get(name)()
 
 
-def wire_codec(codec, n_bytes: int, n_ranks: int):
+def wire_codec(codec: Codec, n_bytes: int, n_ranks: int) -> Codec:
     """The codec a buffer of ``n_bytes`` travels with among ``n_ranks``: ``codec`` where it
     compresses something worth compressing, else full precision (buckets of at most
     ``ring.SMALL_BYTES`` are latency-bound, and one rank sends nothing). One rule for every

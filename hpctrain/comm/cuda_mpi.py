@@ -32,6 +32,7 @@ import ctypes
 import functools
 import mmap
 import os
+from typing import Any
 
 import torch
 
@@ -41,8 +42,8 @@ PAGE_BYTES = mmap.PAGESIZE
 MPIX_GPU_SUPPORT_CUDA = 0   # MPICH's mpi.h: enum { MPIX_GPU_SUPPORT_CUDA, _ZE, _HIP }
 
 
-def cudart():
-    """torch's CUDA runtime bindings, or None where torch sees no CUDA device."""
+def cudart() -> Any:
+    """torch's CUDA runtime bindings (an untyped module), or None where torch sees no CUDA device."""
     return torch.cuda.cudart() if torch.cuda.is_available() else None
 
 
@@ -93,7 +94,7 @@ class HostRegistry:
             _check(self.cudart.cudaHostUnregister(start), "cudaHostUnregister")
 
 
-def override(environ=os.environ, switch: str = AWARE_SWITCH):
+def override(environ=os.environ, switch: str = AWARE_SWITCH) -> bool | None:
     """``HPCTRAIN_CUDA_AWARE_MPI`` (or ``switch``): True, False, or None when unset or empty."""
     value = environ.get(switch, "").strip()
     if value == "":

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import time
 
+from hpctrain.comm.base import GradSync
+
 
 class DelayedSync:
     """``inner`` with every bucket's mean held back until ``delay_ms`` after the bucket started."""
@@ -102,6 +104,6 @@ class DelayedSync:
         self.close()
 
 
-def with_comm_delay(sync, delay_ms: float):
+def with_comm_delay(sync: GradSync, delay_ms: float) -> GradSync | DelayedSync:
     """``sync`` itself when ``delay_ms`` is 0, else a :class:`DelayedSync` around it."""
     return DelayedSync(sync, delay_ms) if delay_ms else sync

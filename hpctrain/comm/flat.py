@@ -14,13 +14,14 @@ where the network is uniform. Compare ChainerMN's ``flat_communicator.py``.
 """
 from hpctrain.comm.base import GradSync
 from hpctrain.comm.buckets import Bucket
+from hpctrain.comm.progress import Reduction
 from hpctrain.comm import tuner
 from hpctrain.comm.ring import RingBuffers, allreduce_bucket
+from hpctrain.comm.strategies import STRATEGIES
 
 
+@STRATEGIES.register("flat")
 class FlatSync(GradSync):
-    name = "flat"
-
     def _setup(self) -> None:
         # One communicator per bucket: rings of different buckets may be in flight together.
         self._comms = [self.comm.Dup() for _ in self.buckets]
@@ -34,7 +35,7 @@ class FlatSync(GradSync):
                                   not self.overlap, self.tune, self.measured)
             self._rings.append(RingBuffers(b.n_elems, dtype, n, b.codec, method, b.bufs[0].device))
 
-    def reduce_bucket(self, bucket: Bucket):
+    def reduce_bucket(self, bucket: Bucket) -> Reduction:
         i = bucket.index
         if bucket.wire is not None:         # packed and pre-divided by gather_grads; in place
             return (yield from allreduce_bucket(self._rings[i], self._comms[i], bucket.codec,

@@ -37,8 +37,10 @@ from mpi4py import MPI
 from hpctrain.comm.base import GradSync
 from hpctrain.comm.buckets import Bucket
 from hpctrain.comm.fused import sum_into
+from hpctrain.comm.progress import Reduction
 from hpctrain.comm import tuner
 from hpctrain.comm.ring import RingBuffers, allreduce_bucket, chunk_bounds
+from hpctrain.comm.strategies import STRATEGIES
 from hpctrain.comm.window import SharedWindow, aligned, layout
 from hpctrain.comm.wire import Wire
 
@@ -50,9 +52,8 @@ def nodes_share_memory(topo) -> bool:
     return bool(topo.comm.allreduce(shared, op=MPI.LAND))
 
 
+@STRATEGIES.register("hierarchical")
 class HierarchicalSync(GradSync):
-    name = "hierarchical"
-
     def _prepare(self, sizes) -> None:
         t = self.topo
         if not nodes_share_memory(t):
@@ -119,7 +120,7 @@ class HierarchicalSync(GradSync):
         yield [intra.Ibarrier()]
         self._win.sync()
 
-    def reduce_bucket(self, bucket: Bucket):
+    def reduce_bucket(self, bucket: Bucket) -> Reduction:
         i, t = bucket.index, self.topo
         if bucket.n_elems == 0:
             return False

@@ -14,7 +14,13 @@ blocks; True once complete) and ``wait()``, such as a staged bucket's device-to-
 """
 from __future__ import annotations
 
+from collections.abc import Generator
+from typing import Any
+
 from mpi4py import MPI
+
+# What a strategy's ``reduce_bucket`` is: yields lists of waitables, returns the overflow flag.
+Reduction = Generator[list, None, bool]
 
 
 def test_all(reqs) -> bool:
@@ -61,7 +67,7 @@ class Pending:
             self._run()
         return self.done
 
-    def wait(self):
+    def wait(self) -> Any:
         """Block until complete; returns the generator's result."""
         while not self.done:
             wait_all(self.reqs)
@@ -69,6 +75,6 @@ class Pending:
         return self.value
 
 
-def run(gen):
+def run(gen: Generator[list, None, Any]) -> Any:
     """Drive a reduction generator to completion (the blocking path)."""
     return Pending(gen).wait()

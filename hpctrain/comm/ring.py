@@ -43,6 +43,7 @@ from mpi4py import MPI
 from hpctrain.comm import cuda_mpi, streams
 from hpctrain.comm.staging import DONE, Ready
 from hpctrain.comm.fused import scale_and_check
+from hpctrain.comm.progress import Reduction
 
 SMALL_BYTES = 64 * 1024
 MPI_MAX_BYTES = 4 * 2**20
@@ -151,7 +152,7 @@ class RingBuffers:
 
 
 def allreduce_bucket(buf: RingBuffers, comm: MPI.Comm, codec, src: torch.Tensor, dst: torch.Tensor,
-                     scale: float = 1.0, blocking: bool = False):
+                     scale: float = 1.0, blocking: bool = False) -> Reduction:
     """Generator: ``dst <- scale * sum over comm of src``, in the codec's wire format; returns the
     overflow flag (inf/NaN in the result), the same on every rank. By the ring below, or by MPI's
     ``Allreduce``/``Iallreduce`` where :func:`mpi_route` gives the buffer to MPI (hence the name;

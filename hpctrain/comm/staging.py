@@ -44,6 +44,7 @@ import torch
 
 from hpctrain.comm import cuda_mpi, streams
 from hpctrain.comm.cuda_mpi import HostRegistry
+from hpctrain.comm.progress import Reduction
 from hpctrain.testhooks import staging_forced
 
 __all__ = ["DEVICE_HANDOFF", "HostRegistry", "Ready", "Staging", "after", "forced",
@@ -131,7 +132,7 @@ def produced(t: torch.Tensor) -> Ready:
     return Ready(event)
 
 
-def after(ready: Ready, gen, wait: bool = False):
+def after(ready: Ready, gen: Reduction, wait: bool = False) -> Reduction:
     """Generator: ``gen`` (a reduction) once ``ready`` has completed; yields ``[ready]`` while it
     has not. ``wait``: block for it at the start instead (a blocking round)."""
     if wait:

@@ -20,16 +20,16 @@ class TorchCuda:
     def handles(self, device) -> bool:
         return torch.device(device).type == "cuda"
 
-    def Stream(self, device):
+    def Stream(self, device) -> torch.cuda.Stream:
         return torch.cuda.Stream(device)
 
-    def Event(self):
+    def Event(self) -> torch.cuda.Event:
         return torch.cuda.Event()
 
-    def current_stream(self, device):
+    def current_stream(self, device) -> torch.cuda.Stream:
         return torch.cuda.current_stream(device)
 
-    def stream(self, s):
+    def stream(self, s) -> torch.cuda.StreamContext:
         return torch.cuda.stream(s)
 
 

@@ -4,8 +4,10 @@ with no C++ build and no ``horovodrun`` (launch with ``mpiexec``, ``srun`` or ``
 See :mod:`hpctrain.horovod.torch` and docs/horovod.md."""
 from __future__ import annotations
 
+from typing import NoReturn
 
-def run(func, *args, **kwargs):
+
+def run(func, *args, **kwargs) -> NoReturn:
     """``horovod.run(func, np=..., hosts=...)`` starts its own processes; hpctrain jobs are
     started by the MPI launcher instead (scripts that only reach ``horovod.run`` behind an option,
     like Horovod's MNIST example, run unchanged with ``import hpctrain.horovod as horovod``)."""

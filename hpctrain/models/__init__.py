@@ -14,6 +14,8 @@ import importlib.util
 import inspect
 import os
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -61,7 +63,7 @@ def _import_file(path: str):
     return mod
 
 
-def resolve(spec: str):
+def resolve(spec: str) -> Callable[..., Any]:
     """``name``, ``module:attr`` or ``path/to/file.py:attr`` → the factory callable."""
     target = BUILTIN.get(spec, spec)
     if ":" not in target:

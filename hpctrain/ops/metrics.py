@@ -10,6 +10,7 @@ import json
 import os
 import time
 from types import MappingProxyType
+from typing import Any
 
 
 class MetricsLog:
@@ -71,7 +72,7 @@ class CudaClock:
         self.event = event or (lambda: torch.cuda.Event(enable_timing=True))
         self.anchor, self.anchor_host = self.mark(), time.perf_counter()
 
-    def mark(self):
+    def mark(self) -> Any:
         e = self.event()
         e.record()
         return e
@@ -109,7 +110,7 @@ class StepTimer:
         self.clock = clock or HostClock()
         self._pending: list[tuple] = []     # (name, start mark, end mark) not resolved yet (device)
 
-    def span(self, name: str):
+    def span(self, name: str) -> _Span:
         return _Span(self, name)
 
     def add(self, name: str, start_s: float, duration_s: float) -> None:
@@ -159,7 +160,7 @@ class NullTimer:
     totals: MappingProxyType[str, float] = MappingProxyType({})
     _NO_SPAN = contextlib.nullcontext()
 
-    def span(self, name: str):
+    def span(self, name: str) -> contextlib.nullcontext[None]:
         return self._NO_SPAN
 
     def add(self, name: str, start_s: float, duration_s: float) -> None:

@@ -9,6 +9,7 @@ and records ``running`` in ``state.json``; any exception but a stop leaving the 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 from mpi4py import MPI
 
@@ -45,7 +46,7 @@ class RunDirectory:
         if self.rank0:
             runstate.record(self.run_dir, state, **fields)
 
-    def on_stall(self, log, step):
+    def on_stall(self, log, step: Callable[[], int]) -> Callable[[str], None]:
         """The watchdog's ``on_abort``: the job is being ended; ``step()`` says where it was."""
         rank = self.comm.Get_rank()
 

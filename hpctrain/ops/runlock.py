@@ -24,6 +24,7 @@ import socket
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from hpctrain.errors import UserError
@@ -149,7 +150,7 @@ def launcher_rank(environ=os.environ) -> int | None:
 
 
 @contextlib.contextmanager
-def hold_run_dirs(comm: MPI.Comm, directories: list[str]):
+def hold_run_dirs(comm: MPI.Comm, directories: list[str]) -> Iterator[None]:
     """Collective: rank 0 locks each directory for the ``with`` block; every rank raises the same
     :class:`RunDirBusy` (status 2, one line) if another job holds one."""
     locks, error = [], None

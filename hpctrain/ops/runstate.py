@@ -16,6 +16,7 @@ import datetime
 import json
 import os
 import time
+from collections.abc import Callable
 
 from hpctrain.fileio import atomic_write_text
 from hpctrain.ops.runlock import RunLock
@@ -94,7 +95,7 @@ def main(argv: list[str]) -> int:
     return status
 
 
-def record_exit(run_dir: str, enabled: bool):
+def record_exit(run_dir: str, enabled: bool) -> Callable[..., bool]:
     """An ``ExitStack`` exit callback recording ``failed`` (with the error's line) when the block
     raises anything but a stop; ``done`` and ``stopped`` are recorded by the job with their details."""
     from hpctrain.errors import UserError

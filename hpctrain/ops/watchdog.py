@@ -35,6 +35,7 @@ import contextlib
 import sys
 import threading
 import time
+from collections.abc import Iterator
 
 import numpy as np
 from mpi4py import MPI
@@ -187,7 +188,7 @@ class Watchdog:
         self._post()
 
     @contextlib.contextmanager
-    def busy(self, name: str):
+    def busy(self, name: str) -> Iterator[None]:
         """Every rank, around a phase that may be long with no step progress (a checkpoint write,
         an evaluation): the bounds are :data:`ALLOWANCE` times longer inside it."""
         self._busy = name
@@ -303,6 +304,6 @@ def start_watchdog(comm: MPI.Comm, timeout_s: float, abort_s: float, stack: cont
     return watchdog
 
 
-def busy(watchdog: Watchdog | None, name: str):
+def busy(watchdog: Watchdog | None, name: str) -> contextlib.AbstractContextManager[None]:
     """``watchdog.busy(name)``: a phase that may be long without step progress (none: nothing)."""
     return watchdog.busy(name) if watchdog is not None else contextlib.nullcontext()

@@ -14,8 +14,8 @@ once). Both stop on non-finite numbers the same way: :class:`NonFiniteError` (a 
 one line, status 2 from the CLI) on every rank at the same step, naming the step and the
 rank(s), unless a loss scaler skipped the step (:mod:`hpctrain.update.guard`).
 
-This package was ``hpctrain.update``, a name that read like the gradient sync (``trainer.sync``,
-a ``GradSync``); the old name and its submodules still import (:mod:`hpctrain.update`), and the
+This package was ``hpctrain.sync``, a name that read like the gradient sync (``trainer.sync``,
+a ``GradSync``); the old name and its submodules still import (:mod:`hpctrain.sync`), and the
 config table keeps its name ``[sync]``.
 """
 from __future__ import annotations

@@ -13,7 +13,7 @@ from __future__ import annotations
 import abc
 import contextlib
 from dataclasses import dataclass
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -22,7 +22,7 @@ from hpctrain.registry import Registry
 from hpctrain.update.guard import NonFiniteGuard, sync_comm
 
 # ``sync.algorithm``: each algorithm's module registers its class (ssgd first: the default).
-ALGORITHMS: Registry = Registry("sync.algorithm", "algorithm", sort_choices=False)
+ALGORITHMS: Registry[type[UpdateAlgorithm]] = Registry("sync.algorithm", "algorithm", sort_choices=False)
 
 
 @dataclass
@@ -38,7 +38,7 @@ def unscale_grads_(params, inv_scale: float) -> None:
 
 
 @contextlib.contextmanager
-def group_lrs(optimizer: torch.optim.Optimizer, lrs: list[float] | None):
+def group_lrs(optimizer: torch.optim.Optimizer, lrs: list[float] | None) -> Iterator[None]:
     """Run the optimiser at ``lrs`` (one per param group), then restore the current ones
     (None: as they are)."""
     if lrs is None:

@@ -26,10 +26,15 @@ it only shows in the epoch's mean loss. Step numbers count from 0 (``lr_at``'s, 
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from hpctrain.errors import UserError
 from hpctrain.optim.loss_scale import all_finite, finite_flag
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
 
 MAX_WIRE_SKIPS = 10     # consecutive unscaled steps whose finite gradients overflowed the wire
 
@@ -47,7 +52,7 @@ def agreed_overflow(sync_flag, params) -> bool:
     return bool(grads) and not all_finite(grads)
 
 
-def sync_comm(sync):
+def sync_comm(sync) -> MPI.Comm:
     """The communicator a gradient sync averages over (through wrappers' ``inner``)."""
     while not hasattr(sync, "comm"):
         sync = sync.inner

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from mpi4py import MPI
 
-from hpctrain.horovod.torch.coordinator import Coordinator, Sig
+from hpctrain.horovod.torch.coordinator import Coordinator, Sig, Verdict
 from hpctrain.horovod.torch.errors import unsupported
 from hpctrain.ops.abort import install_abort_hook
 from hpctrain.topology import Topology, emulated_ranks_per_node
@@ -188,6 +188,6 @@ def stop_timeline() -> None:
     raise unsupported("stop_timeline", "use hpctrain's timeline (docs/operations.md)")
 
 
-def agree(sig: Sig):
+def agree(sig: Sig) -> Verdict:
     """The coordinator's verdict on ``sig`` (see :mod:`.coordinator`)."""
     return state().coord.agree(sig)

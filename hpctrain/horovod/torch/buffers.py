@@ -8,6 +8,9 @@ Horovod's CPU path, which adds in fp16. Device tensors are staged through host m
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
+
 import numpy as np
 import torch
 from mpi4py import MPI
@@ -96,9 +99,13 @@ def displacements(counts) -> list[int]:
     return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64).tolist()
 
 
-def wrap_mpi_error(fn):
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def wrap_mpi_error(fn: Callable[P, R]) -> Callable[P, R]:
     """MPI errors surface as Horovod's :class:`HorovodInternalError`."""
-    def call(*args, **kwargs):
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return fn(*args, **kwargs)
         except MPI.Exception as e:

@@ -33,7 +33,7 @@ class InFlight:
             self.done = MPI.Request.Testall(self.reqs)
         return self.done
 
-    def wait(self):
+    def wait(self) -> object:
         if self.finish is not None:
             MPI.Request.Waitall(self.reqs)
             self.done = True
