@@ -27,6 +27,8 @@ import dataclasses
 import os
 import tomllib
 import typing
+from collections.abc import Iterator
+from typing import Any
 import warnings
 from dataclasses import dataclass, field
 
@@ -277,7 +279,7 @@ for _sec in {k.partition(".")[0] for k in RENAMED}:
     _old_keywords(_SECTION_TYPES[_sec], {k.partition(".")[2] for k in RENAMED if k.startswith(_sec + ".")})
 
 
-def sections(cfg: Config):
+def sections(cfg: Config) -> Iterator[tuple[str, Any]]:
     """Yield ``(section_name, section_dataclass_instance)``."""
     for f in dataclasses.fields(cfg):
         yield f.name, getattr(cfg, f.name)

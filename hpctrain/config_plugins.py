@@ -17,7 +17,8 @@ import functools
 import importlib
 import inspect
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 from dataclasses import dataclass, field
 
 from hpctrain.config_values import Option, coerce, field_problem
@@ -33,7 +34,7 @@ class OptionSpec:
     option: Option
 
 
-def plugin_tables(registry: str, help: str):
+def plugin_tables(registry: str, help: str) -> Any:
     """The field holding the option sub-tables of the plugins in ``registry`` (``"module:NAME"``)."""
     return field(default_factory=dict, metadata={"help": help, "plugins": registry})
 
@@ -90,7 +91,8 @@ def _factory(sec, f: dataclasses.Field, plugin: str):
     return reg[plugin] if plugin in reg else None
 
 
-def option_problem(sec, section: str, plugin: str, name: str, value=None, *, check_value: bool = True):
+def option_problem(sec, section: str, plugin: str, name: str, value=None, *,
+                   check_value: bool = True) -> tuple[OptionSpec | None, str | None]:
     """``(spec, problem)`` of ``section.plugin.name``: the option's spec (None where there is no
     such plugin or option) and what is wrong (an unknown key, or the value's range), or None."""
     f = tables_field(sec)
@@ -121,7 +123,7 @@ def set_option(sec, section: str, key: str, value, given: str) -> None:
     getattr(sec, f.name).setdefault(plugin, {})[name] = coerce(given, value, spec.type)
 
 
-def table_problems(sec, section: str):
+def table_problems(sec, section: str) -> Iterator[tuple[str, str]]:
     """Yield ``(key, problem)`` for each sub-table option of ``sec`` that is unknown or out of range."""
     f = tables_field(sec)
     for plugin, table in (getattr(sec, f.name).items() if f else ()):

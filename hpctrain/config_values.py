@@ -16,6 +16,7 @@ import math
 import os
 import re
 from collections.abc import Mapping
+from typing import Any
 from dataclasses import dataclass, field
 
 from hpctrain.errors import ConfigError
@@ -56,7 +57,7 @@ LR = Range(0, 1e3, lo_open=True)
 LOSS_SCALE = Range(1.0, 2.0 ** 24)
 
 
-def opt(default, help: str, *, range: Range | None = None, choices=None, **kw):
+def opt(default, help: str, *, range: Range | None = None, choices=None, **kw) -> Any:
     """A dataclass field with a help text for ``--help``; numeric fields give their ``range``,
     choice fields their ``choices`` (a tuple, or ``"module:NAME"`` of the registry to check)."""
     meta = {"help": help, "range": range, "choices": choices}
@@ -93,7 +94,7 @@ def _number(v):
     return v if isinstance(v, int) else _finite(v)
 
 
-def coerce(key: str, value, target_type):
+def coerce(key: str, value, target_type) -> Any:
     """Convert a TOML or string value to the field's type, or raise ConfigError naming the key.
 
     Floats must be finite: NaN and ±inf (``inf``, ``nan``, ``1e400``) are refused here, for every

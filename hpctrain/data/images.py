@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import io
 
+from types import ModuleType
+from typing import Any
+
 import numpy as np
 
 from hpctrain.errors import MissingPackageError
 
 
-def pil():
+def pil() -> ModuleType:
     """Pillow's Image module, or an ImportError (a user error) that says what to install."""
     try:
         from PIL import Image
@@ -23,7 +26,7 @@ def pil():
     return Image
 
 
-def fit(img, h: int, w: int):
+def fit(img: Any, h: int, w: int) -> Any:
     """Resize ``img`` (a PIL image) to cover ``h × w`` keeping its aspect, then centre-crop."""
     scale = max(h / img.height, w / img.width)
     size = (max(w, round(img.width * scale)), max(h, round(img.height * scale)))

@@ -38,6 +38,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import xxhash
 
@@ -73,7 +74,7 @@ def file_sha256(path: str) -> str:
         return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
-def block_hasher(name: str):
+def block_hasher(name: str) -> Any:
     """A new incremental hasher (``update``, ``digest``, ``hexdigest``) of block digest ``name``."""
     return xxhash.xxh3_128() if name == "xxh3_128" else hashlib.new(name)
 

@@ -22,6 +22,8 @@ import math
 import threading
 import time
 
+from collections.abc import Iterator
+
 import numpy as np
 from mpi4py import MPI
 
@@ -150,7 +152,7 @@ class NodeReader:
             self.error[0] = 1
             self.win.Sync()
 
-    def batches(self, epoch: int, skip: int):
+    def batches(self, epoch: int, skip: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """This rank's batches of the current call, copied out of the window."""
         base, cancel, me = self.base, self._cancel, self.local_rank
         for t in range(skip, self.loader.steps):

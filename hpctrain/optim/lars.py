@@ -96,7 +96,7 @@ def resolve_norms_fn(prefer_kernels: bool = True) -> tuple[NormsFn, str]:
     return _foreach_norms, "torch._foreach_norm"
 
 
-def resolve_update_fn(fused_update: bool | None):
+def resolve_update_fn(fused_update: bool | None) -> tuple[Callable | None, str]:
     """``(kernels.lars_update or None, description)``: None where ``fused_update`` is False,
     the ``kernels`` package does not import, or (``fused_update`` None) CuPy cannot run it on a
     GPU - a torch reference on the GPU would be no better than the ``_foreach`` path."""
@@ -198,10 +198,11 @@ class LARS(Optimizer):
         grads = [p.grad for p in params]
         per_tensor = isinstance(step, list)
         m = group["momentum"]
-        if m > 0 and self._use_kernel(params, grads):      # one launch for the whole group
+        fused = self._lars_update
+        if m > 0 and fused is not None and self._use_kernel(params, grads):      # one launch for the whole group
             bufs = [self._buffer(p) for p in params]
             arg = torch.stack(step).to(torch.float32) if per_tensor else float(step)
-            self._lars_update(params, grads, bufs, arg, wd, m, group["nesterov"])
+            fused(params, grads, bufs, arg, wd, m, group["nesterov"])
             return
         neg = [-s for s in step] if per_tensor else -step
         shrink = [1.0 - wd * s for s in step] if per_tensor else 1.0 - wd * step

@@ -9,7 +9,13 @@ uses and ends in ``**_`` for the rest.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 from hpctrain.registry import Registry
 
+if TYPE_CHECKING:
+    import torch
+
 # Registration order (sgd, lars, lamb: hpctrain/optim/__init__.py) is the order errors list them in.
-OPTIMIZERS: Registry = Registry("optim.name", "optimiser", sort_choices=False)
+OPTIMIZERS: Registry[Callable[..., torch.optim.Optimizer]] = Registry("optim.name", "optimiser", sort_choices=False)
