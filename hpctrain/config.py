@@ -138,6 +138,7 @@ class CommConfig:
                     "| static (a fixed size rule)", choices="hpctrain.comm.tuner:TUNES")
     delay_ms: float = opt(0.0, "inject this latency into every gradient allreduce (testing: an emulated slow link)",
                           range=Range(0, 60000))
+    options: dict = plugin_tables("hpctrain.comm:COMPRESSIONS", "[comm.NAME]: the options of codec NAME")
 
 
 @dataclass

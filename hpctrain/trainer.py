@@ -56,7 +56,9 @@ class DistributedTrainer:
     starts identical. ``step(x, y)`` sets the learning rate from ``schedule`` (if given), runs
     forward/backward under autocast (``compute``), synchronises gradients and updates.
     ``broadcast_buffers``: ``"finish"`` (rank 0's buffers in :meth:`finish`) or ``"forward"``
-    (also before every forward, DDP's default).
+    (also before every forward, DDP's default). ``algorithm_options`` and ``compression_options``:
+    the update algorithm's and the codec's constructor keywords (``[sync.<name>]``,
+    ``[comm.<name>]``; :meth:`from_config` reads them from a config).
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, topology: Topology, *,
@@ -65,7 +67,7 @@ class DistributedTrainer:
                  algorithm_options: dict | None = None,
                  schedule: ScheduleSpec | None = None, loss_fn: Callable | None = None,
                  compute: str = "fp32", scaler=None, timer: StepTimer | None = None, comm_delay_ms: float = 0.0,
-                 broadcast_buffers: str = "finish"):
+                 broadcast_buffers: str = "finish", compression_options: dict | None = None):
         if compute not in AUTOCAST_DTYPES:
             raise ValueError(f"precision.compute: unknown {compute!r} (choose from {', '.join(AUTOCAST_DTYPES)})")
         if broadcast_buffers not in BROADCAST_BUFFERS:
@@ -83,7 +85,8 @@ class DistributedTrainer:
             raise ValueError(f"precision.compute: {why}")
         comm_lib.broadcast_module(model, topology.comm)
         sync = comm_lib.create(strategy, model.parameters(), topology, bucket_bytes=int(bucket_mb * 2**20),
-                               compression=compression, overlap=overlap, tune=tune)
+                               compression=compression, overlap=overlap, tune=tune,
+                               compression_options=compression_options)
         self.sync = comm_lib.with_comm_delay(sync, comm_delay_ms)   # emulated slow link (0: none)
         self.algo = update_lib.create(algorithm, model, optimizer, self.sync, scaler=scaler, timer=self.timer,
                                     **(algorithm_options or {}))
@@ -98,6 +101,7 @@ class DistributedTrainer:
         return cls(model, optimizer, topology, strategy=c.strategy, compression=c.compression,
                    bucket_mb=c.bucket_mb, overlap=c.overlap, tune=c.tune, algorithm=s.algorithm,
                    algorithm_options=update_lib.algorithm_options(s), comm_delay_ms=c.delay_ms,
+                   compression_options=comm_lib.codec_options(c),
                    schedule=schedule, loss_fn=make_criterion(cfg.optim.label_smoothing),
                    compute=cfg.precision.compute, scaler=LossScaler.from_config(cfg.precision), timer=timer)
 

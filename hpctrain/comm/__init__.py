@@ -42,6 +42,7 @@ from hpctrain.comm.delay import DelayedSync, with_comm_delay
 from hpctrain.comm.flat import FlatSync
 from hpctrain.comm.hierarchical import HierarchicalSync, nodes_share_memory
 from hpctrain.comm.strategies import STRATEGIES, register
+from hpctrain.config_plugins import plugin_options
 
 # Importing flat and hierarchical (above, in this order) registered them; auto comes last.
 
@@ -68,10 +69,18 @@ def concrete() -> list[str]:
     return sorted(n for n, cls in STRATEGIES.items() if isinstance(cls, type))
 
 
+def codec_options(comm_cfg) -> dict:
+    """Keyword options of ``comm_cfg.compression`` from a ``CommConfig``: the codec's constructor
+    is the schema (its ``Option``-annotated keywords), each read from ``[comm.<codec>]`` where
+    given, else the constructor's default (the built-in codecs take none)."""
+    return plugin_options(comm_cfg, comm_cfg.compression)
+
+
 def create(name: str, params, topology, **kwargs) -> GradSync:
     """Build the strategy called ``name`` (collective over ``topology.comm``).
 
-    Keywords: ``bucket_bytes`` (fusion bucket size), ``compression`` (``none`` | ``fp16``),
+    Keywords: ``bucket_bytes`` (fusion bucket size), ``compression`` (``none`` | ``fp16``) and
+    ``compression_options`` (the codec's constructor keywords, ``[comm.<codec>]``),
     ``overlap`` (start bucket reductions from gradient hooks during backward), ``tune``
     (``static``: MPI's allreduce or the ring by a fixed size rule, the default here;
     ``measure``: time both per bucket now, :mod:`hpctrain.comm.tuner`; a job's default).
@@ -80,6 +89,6 @@ def create(name: str, params, topology, **kwargs) -> GradSync:
     return STRATEGIES.get(name)(params, topology, **kwargs)
 
 
-__all__ = ["Bucket", "GradSync", "make_buckets", "STRATEGIES", "COMPRESSIONS", "register", "create",
+__all__ = ["Bucket", "GradSync", "make_buckets", "STRATEGIES", "COMPRESSIONS", "register", "create", "codec_options",
            "FlatSync", "HierarchicalSync", "auto", "concrete",
            "allreduce_sum", "broadcast_module", "broadcast_tensors", "checksum", "DelayedSync", "with_comm_delay"]

@@ -40,10 +40,11 @@ class GradSync:
     chosen_by = ""      # what chose this strategy (set by comm.auto), for describe()
 
     def __init__(self, params, topology: Topology, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 compression: str = "none", overlap: bool = False, tune: str = "static"):
+                 compression: str = "none", overlap: bool = False, tune: str = "static",
+                 compression_options: dict | None = None):
         self.params = [p for p in params if p.requires_grad]
         self.topo, self.comm = topology, topology.comm
-        self.codec = compression_lib.get(compression)
+        self.codec = compression_lib.get(compression, **(compression_options or {}))
         for p in self.params:
             self.codec.check_dtype(p.dtype)
         # The mean, not the sum: a full-precision reduction folds 1/world_size into its last add;

@@ -188,9 +188,10 @@ class FP16Compression:
         return check and n > 0 and not bool(torch.isfinite(sums[:-(-n // piece)].sum()))
 
 
-def get(name: str) -> Codec:
-    """The codec called ``name``; a ValueError names the valid choices."""
-    return COMPRESSIONS.get(name)()
+def get(name: str, **options) -> Codec:
+    """The codec called ``name``, built with ``options`` (its constructor's keywords: the
+    ``[comm.<name>]`` sub-table); a ValueError names the valid choices."""
+    return COMPRESSIONS.get(name)(**options)
 
 
 def wire_codec(codec: Codec, n_bytes: int, n_ranks: int) -> Codec:

@@ -124,7 +124,7 @@ def test_one_deprecation_line_per_old_key_naming_old_and_new(tmp_path):
     (["optim.lars.clip=maybe"], "config optim.lars.clip: expected bool, got 'maybe'"),
     (["optim.adam.eps=1e-8"], "config optim.adam.eps: unknown key (sub-tables of [optim]: lars, lamb)"),
     (["optim.sgd.eta=0.1"], "config optim.sgd.eta: unknown key (sgd's options: none)"),
-    (["comm.fp16.x=1"], "config comm.fp16.x: unknown key"),
+    (["comm.fp16.x=1"], "config comm.fp16.x: unknown key (fp16's options: none)"),
     (["sync.mod:odsgd.x=1"], "config sync.mod:odsgd.x: unknown key (name the sub-table by the plugin's registered "
                              "name, odsgd)"),
 ])
