@@ -15,7 +15,7 @@ from typing import Annotated
 
 import torch
 
-from hpctrain.config_values import FRACTION, Option, Range
+from hpctrain.config.values import FRACTION, Option, Range
 from hpctrain.optim.registry import OPTIMIZERS
 
 

@@ -5,7 +5,7 @@ Select it without editing the package:
 ``--set sync.algorithm=examples.plugins.clipped_ssgd:clipped_ssgd``. Its constructor is its option
 schema: ``max_norm``, annotated with its help and range, is the config key
 ``sync.clipped_ssgd.max_norm`` (``[sync.clipped_ssgd]`` in a TOML file, listed by ``--help`` once
-the plugin is imported) with no edit elsewhere; :func:`~hpctrain.config_plugins.check_options`
+the plugin is imported) with no edit elsewhere; :func:`~hpctrain.config.plugins.check_options`
 checks a value given in code by the same rule.
 
 Clipping acts on the agreed mean, which every rank holds bit for bit, so every rank scales by the
@@ -19,8 +19,8 @@ from typing import Annotated
 
 import torch
 
-from hpctrain.config_plugins import check_options
-from hpctrain.config_values import POSITIVE, Option
+from hpctrain.config.plugins import check_options
+from hpctrain.config.values import POSITIVE, Option
 from hpctrain.update.base import ALGORITHMS
 from hpctrain.update.ssgd import SSGD
 

@@ -42,7 +42,7 @@ from hpctrain.comm.delay import DelayedSync, with_comm_delay
 from hpctrain.comm.flat import FlatSync
 from hpctrain.comm.hierarchical import HierarchicalSync, nodes_share_memory
 from hpctrain.comm.strategies import STRATEGIES, register
-from hpctrain.config_plugins import plugin_options
+from hpctrain.config.plugins import plugin_options
 
 # Importing flat and hierarchical (above, in this order) registered them; auto comes last.
 

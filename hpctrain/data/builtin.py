@@ -14,7 +14,7 @@ import tempfile
 
 from mpi4py import MPI
 
-from hpctrain.config_values import is_plugin_spec
+from hpctrain.config.values import is_plugin_spec
 from hpctrain.errors import UserError
 
 BUILTIN_DATASETS = {"digits": "digits-v1", "signal1d": "signal1d-v1", "tabular": "tabular-v1",

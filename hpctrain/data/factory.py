@@ -10,7 +10,7 @@ Evaluation splits are read by every rank.
 """
 from __future__ import annotations
 
-from hpctrain.config_values import matching_options
+from hpctrain.config.values import matching_options
 from hpctrain.data.augment import KINDS, Augment
 from hpctrain.data.hdf5 import DRIVERS
 from hpctrain.data.loader import ShardLoader

@@ -24,8 +24,8 @@ from typing import Annotated
 
 import torch
 
-from hpctrain.config_plugins import check_options, plugin_options
-from hpctrain.config_values import FRACTION, Option, Range, matching_options
+from hpctrain.config.plugins import check_options, plugin_options
+from hpctrain.config.values import FRACTION, Option, Range, matching_options
 from hpctrain.errors import config_errors
 
 from .lamb import LAMB
@@ -67,7 +67,7 @@ def _sgd(params, *, lr: float, momentum: float, weight_decay: float, nesterov: b
 
 
 # Each optimiser's own options ([optim.lars], [optim.lamb] in the config): type, help and range,
-# read by the config (hpctrain.config_plugins); the options all optimisers share stay flat in [optim].
+# read by the config (hpctrain.config.plugins); the options all optimisers share stay flat in [optim].
 Eta = Annotated[float, Option("LARS trust coefficient eta", Range(0, 1, lo_open=True))]
 LarsEps = Annotated[float, Option("LARS epsilon in the trust ratio denominator", Range(0, 1))]
 Clip = Annotated[bool, Option("LARC-style clipping of the trust ratio")]

@@ -4,7 +4,7 @@ register itself without importing :mod:`hpctrain.optim`).
 A factory is called as ``factory(params, **options)`` with the options all optimisers share
 (``lr``, ``momentum``, ``weight_decay``, ``nesterov``, ``exclude_1d``, ``lr_1d_scale``: flat in
 ``[optim]``) and its own: its keywords annotated ``Annotated[type, Option(help, range)]``, the
-sub-table ``[optim.<name>]`` (:mod:`hpctrain.config_plugins`). Its signature names the ones it
+sub-table ``[optim.<name>]`` (:mod:`hpctrain.config.plugins`). Its signature names the ones it
 uses and ends in ``**_`` for the rest.
 """
 from __future__ import annotations

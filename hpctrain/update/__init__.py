@@ -20,7 +20,7 @@ config table keeps its name ``[sync]``.
 """
 from __future__ import annotations
 
-from hpctrain.config_plugins import plugin_options
+from hpctrain.config.plugins import plugin_options
 from hpctrain.update.base import ALGORITHMS, StepResult, UpdateAlgorithm
 from hpctrain.update.guard import NonFiniteError
 from hpctrain.update.odsgd import ODSGD

@@ -60,8 +60,8 @@ from typing import Annotated
 
 import torch
 
-from hpctrain.config_plugins import check_options
-from hpctrain.config_values import FRACTION, NON_NEGATIVE, Option, Range
+from hpctrain.config.plugins import check_options
+from hpctrain.config.values import FRACTION, NON_NEGATIVE, Option, Range
 from hpctrain.errors import ConfigError
 from hpctrain.ops.metrics import NULL_TIMER, Timer
 from hpctrain.optim.loss_scale import all_finite

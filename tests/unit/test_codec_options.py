@@ -16,8 +16,8 @@ CODEC = '''
 from typing import Annotated
 
 from hpctrain.comm.compression import COMPRESSIONS, NoCompression
-from hpctrain.config_plugins import check_options
-from hpctrain.config_values import Option, Range
+from hpctrain.config.plugins import check_options
+from hpctrain.config.values import Option, Range
 
 
 @COMPRESSIONS.register("tagged")

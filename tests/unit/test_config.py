@@ -15,7 +15,7 @@ import pytest
 from hpctrain.cli import config_from_args
 from hpctrain.config import (LOSS_SCALE, Config, ConfigError, Range, load_toml, registry, sections, set_value,
                              validate)
-from hpctrain.config_plugins import option_schema
+from hpctrain.config.plugins import option_schema
 
 
 def test_precedence(tmp_path):

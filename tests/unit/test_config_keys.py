@@ -12,7 +12,7 @@ import pytest
 
 from hpctrain.cli import config_from_args
 from hpctrain.config import RENAMED, Config, ConfigError, deprecation_lines, help_text, load_toml, validate
-from hpctrain.config_values import NON_NEGATIVE, Option
+from hpctrain.config.values import NON_NEGATIVE, Option
 
 OLD_TOML = """
 [sync]
@@ -262,7 +262,7 @@ def test_dataset_plugin_that_does_not_import_is_one_line(tmp_path):
 
 
 def test_schema_reads_the_options_where_another_annotation_does_not_resolve():
-    from hpctrain.config_plugins import option_schema
+    from hpctrain.config.plugins import option_schema
 
     def factory(model: "OnlyForTypeCheckers", *, steps: "Annotated[int, Option('n', NON_NEGATIVE)]" = 3,  # noqa: F821
                 plain: int = 0):

@@ -2,7 +2,7 @@
 check of one value against its range or choices.
 
 Shared by the sections' fields (:mod:`hpctrain.config`) and the plugin options read from a
-plugin's constructor (:mod:`hpctrain.config_plugins`), so each rule is written once; with the
+plugin's constructor (:mod:`hpctrain.config.plugins`), so each rule is written once; with the
 two helpers the adapters share (:func:`matching_options`: a section's fields as a function's
 keywords; :func:`is_plugin_spec`: is a value ``package.module:name``). Imports neither torch
 nor MPI: a choice field's registry is imported only when a value is checked.
@@ -70,7 +70,7 @@ def opt(default, help: str, *, range: Range | None = None, choices=None, **kw) -
 class Option:
     """A plugin's option, as ``Annotated[int, Option("help", NON_NEGATIVE)]`` on a keyword of its
     constructor: the help and the range (or choices) a config field's :func:`opt` carries, so the
-    constructor is the option's one schema (:mod:`hpctrain.config_plugins`)."""
+    constructor is the option's one schema (:mod:`hpctrain.config.plugins`)."""
     help: str
     range: Range | None = None
     choices: object = None

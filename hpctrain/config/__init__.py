@@ -7,13 +7,13 @@ prints it as one line on rank 0 and every rank exits with status 2.
 
 Numbers: every int and float field carries a :class:`Range` (shown by ``--help``); NaN and ±inf
 are refused for every float field when the value is read (``coerce``), the range by
-:func:`validate` (both in :mod:`hpctrain.config_values`). Choice fields name their registry
+:func:`validate` (both in :mod:`hpctrain.config.values`). Choice fields name their registry
 (``choices="hpctrain.comm:STRATEGIES"``), which :func:`validate` and ``--help`` import, so a
 strategy, compression, schedule… added there is accepted and listed here without re-typing the
 list (the registries pull in torch, hence the lazy import). A value ``package.module:name``
 selects a plugin outside the tree (:mod:`hpctrain.registry`). A plugin's own options live in a
 sub-table (``[sync.odsgd]``) whose schema is the plugin's constructor
-(:mod:`hpctrain.config_plugins`).
+(:mod:`hpctrain.config.plugins`).
 
 Renamed keys (:data:`RENAMED`) are read as their new key; the entry point prints one deprecation
 line for each on rank 0 (:func:`deprecation_lines`); an error names the key as written. In Python,
@@ -32,9 +32,9 @@ from typing import Any
 import warnings
 from dataclasses import dataclass, field
 
-from hpctrain.config_plugins import (help_lines, plugin_options, plugin_tables, recorded_tables, set_option,
+from hpctrain.config.plugins import (help_lines, plugin_options, plugin_tables, recorded_tables, set_option,
                                      table_problems, tables_field)
-from hpctrain.config_values import (FRACTION, INF, LOSS_SCALE, LR, NON_NEGATIVE, POSITIVE, Option, Range, coerce,
+from hpctrain.config.values import (FRACTION, INF, LOSS_SCALE, LR, NON_NEGATIVE, POSITIVE, Option, Range, coerce,
                                     field_problem, is_plugin_spec, opt, registry)
 from hpctrain.errors import ConfigError
 

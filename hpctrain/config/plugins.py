@@ -3,7 +3,7 @@
 A section whose plugins take options has a field made by :func:`plugin_tables`, naming the
 registry of those plugins (``"hpctrain.update:ALGORITHMS"``); it holds ``{plugin: {option: value}}``
 as given. A plugin's options are the keywords of its constructor annotated
-``Annotated[type, Option(help, range)]`` (:class:`~hpctrain.config_values.Option`): the type,
+``Annotated[type, Option(help, range)]`` (:class:`~hpctrain.config.values.Option`): the type,
 default, help and range of each are written there once and read from there by the config
 (coercion, :func:`hpctrain.config.validate`, ``--help``), by :func:`plugin_options` (the keywords
 the plugin is built with) and by the plugin's own check of values given in code
@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 from dataclasses import dataclass, field
 
-from hpctrain.config_values import Option, coerce, field_problem
+from hpctrain.config.values import Option, coerce, field_problem
 from hpctrain.errors import ConfigError
 
 
