@@ -25,7 +25,7 @@ import threading
 import numpy as np
 
 from hpctrain.data.direct import pread_full
-from hpctrain.data.index import ONE_SHOT, ShardError, block_digest_name, block_hasher
+from hpctrain.data.index import ONE_SHOT, BlockGrid, ShardError, block_digest_name, block_hasher
 
 THREADED = ("sha256",)   # digests slow enough to hash a read's blocks in a pool; XXH3 hashes a block in
                          # less time than handing it to a thread costs
@@ -35,7 +35,8 @@ class BlockCheck:
     """The block digests of one shard and which of them have matched in this process."""
 
     def __init__(self, path: str, blocks: dict):
-        self.path, self.block_bytes, self.file_bytes = path, int(blocks["bytes"]), int(blocks["file_bytes"])
+        self.path, self.grid = path, BlockGrid.of(blocks)
+        self.block_bytes, self.file_bytes = self.grid.block_bytes, self.grid.file_bytes
         self.digest = block_digest_name(blocks)
         self.want = [bytes.fromhex(h) for h in blocks[self.digest]]
         self.done = np.zeros(len(self.want), bool)
@@ -44,7 +45,7 @@ class BlockCheck:
             self.data[a:b] = True
 
     def span(self, k: int) -> tuple[int, int]:
-        return k * self.block_bytes, min((k + 1) * self.block_bytes, self.file_bytes)
+        return self.grid.span(k)
 
     def problem(self, k: int, digest: bytes) -> str | None:
         if digest == self.want[k]:
@@ -73,8 +74,8 @@ class BlockCheck:
         ``pread``): read through HDF5 instead, they must be checked at open; unchecked ones returned."""
         inside = np.zeros(len(self.want), bool)
         for a, e in extents:
-            lo, hi = -(-a // self.block_bytes), e // self.block_bytes
-            inside[lo:hi] = True
+            lo, hi = self.grid.inside(a, e)
+            inside[max(lo, 0):max(hi, 0)] = True
         self.data &= inside
         return [int(k) for k in np.flatnonzero(~self.data & ~self.done)]
 
@@ -114,17 +115,21 @@ class BlockCheck:
         pages for each side read cost more than the copy (the kernel zeroes and maps them)."""
         if not len(view):
             return
-        end, bb = pos + len(view), self.block_bytes
-        first, last = pos // bb, (end - 1) // bb
+        end, span = pos + len(view), self.grid.span
+        first, last = self.grid.block_of(pos), self.grid.block_of(end - 1)
         pending = [int(k) for k in np.flatnonzero(~self.done[first:last + 1]) + first]
-        lo, hi = first + (pos > first * bb), last + (self.span(last)[1] <= end)   # [lo, hi): wholly inside
+        lo, hi = first + (pos > span(first)[0]), last + (span(last)[1] <= end)   # [lo, hi): wholly inside
         inside = [k for k in pending if lo <= k < hi]
-        scratch = _scratch(2 * bb)
+        scratch = _scratch(2 * self.block_bytes)
         parts = {k: self._cut_parts(k, pos, view, read_bytes, scratch) for k in pending if not lo <= k < hi}
+
+        def piece(k: int) -> memoryview:
+            a, b = span(k)
+            return view[a - pos:b - pos]
 
         def one(k: int) -> str | None:
             if k not in parts:
-                return self.problem(k, ONE_SHOT[self.digest](view[k * bb - pos:k * bb - pos + bb]))
+                return self.problem(k, ONE_SHOT[self.digest](piece(k)))
             h = block_hasher(self.digest)
             for part in parts[k]:
                 h.update(part)
@@ -134,7 +139,7 @@ class BlockCheck:
             found = list(pool.map(one, pending))
         else:
             digest = ONE_SHOT[self.digest]
-            got = [digest(view[k * bb - pos:k * bb - pos + bb]) for k in inside]
+            got = [digest(piece(k)) for k in inside]
             found = [self.problem(k, g) for k, g in zip(inside, got) if g != self.want[k]]
             found += [one(k) for k in parts]
         bad = next((p for p in found if p), None)
@@ -157,8 +162,7 @@ class BlockCheck:
         """Read bytes ``[pos, pos + len(view))`` into ``view`` (one ``pread``, as unchecked) and check
         every block they touch that has not matched yet; ``False`` (nothing read) when none is left
         to check. Raises the first mismatch as a :class:`ShardError`."""
-        end = pos + len(view)
-        first, last = pos // self.block_bytes, (end - 1) // self.block_bytes
+        first, last = self.grid.block_of(pos), self.grid.block_of(pos + len(view) - 1)
         if not len(view) or self.done[first:last + 1].all():
             return False
         pread_full(fd, view, pos)

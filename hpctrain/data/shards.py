@@ -149,7 +149,7 @@ class ShardSet:
         if problem:
             return problem
         try:
-            whole, got = file_digests(path, check.block_bytes, check.digest)
+            whole, got = file_digests(path, check.block_bytes, check.digest, check.grid.origin)
         except OSError as exc:
             return f"{path}: cannot read shard ({exc.strerror or exc})"
         bad = next((p for p in map(check.problem, range(len(got)), map(bytes.fromhex, got)) if p), None)
