@@ -1,7 +1,8 @@
-"""Per-block digests of one shard file (index v3/v4): verify on read, not before.
+"""Per-block digests of one shard file (index v3 to v5): verify on read, not before.
 
 The index lists the digest (XXH3-128, or SHA-256 in indexes made before v4; ``index.py``) of every
-fixed ``B``-byte block of the file and which blocks lie wholly inside the contiguous storage of
+``B``-byte block of the file (on the grid :class:`~hpctrain.data.index.BlockGrid`: from byte 0 up to v4,
+through the start of ``x``'s rows in v5) and which blocks lie wholly inside the contiguous storage of
 ``x`` or ``y`` ("data" blocks). The others — HDF5 metadata, the edges of the datasets, free space:
 a few blocks per file — are checked before HDF5 parses the file (:meth:`BlockCheck.check`). A
 data block is checked the first time a read touches it (:meth:`BlockCheck.read_into`): the bytes
@@ -9,8 +10,10 @@ the loader asked for go straight into its buffer with one ``pread``, as unchecke
 there right after the copy; only the rest of a block cut by the read's ends is read on the side,
 once. (Reading a run in 1 MiB or 256 KiB ``pread`` pieces, each hashed while still in the CPU's
 cache, measured no cheaper than one ``pread`` then the hashes: the extra calls cost what the
-warmer cache saves. The side reads are the cost that is left: about an eighth more bytes copied
-with 4.8 MB runs and 1 MiB blocks, a sixth at 2 ranks, where a cut block is read by both.)
+warmer cache saves. With a v3/v4 grid from byte 0 the side reads cost about an eighth more bytes
+copied with 4.8 MB runs and 1 MiB blocks, a sixth at 2 ranks; the v5 grid of whole rows, through
+``x``'s first byte, makes the plan's runs start and end on block boundaries, so only a run cut
+by a rank's share of the epoch reads aside.)
 SHA-256 hashes the blocks of one read in a small thread pool (``hashlib`` releases the GIL);
 XXH3 runs at several times memory-copy speed, faster than a hand-off to a thread, so its blocks
 are hashed in the reading thread. A block that does not match raises a :class:`ShardError`

@@ -1,11 +1,11 @@
-"""The HDF5 shard format (version 4; versions 1 to 3 are read too) and its index: names, fields, checks.
+"""The HDF5 shard format (version 5; versions 1 to 4 are read too) and its index: names, fields, checks.
 
 A dataset is a directory::
 
     index.json                     written last, atomically; its presence means "complete"
     train-00000-of-00004.h5 …      one file per shard and split
 
-``index.json`` holds ``format`` ("hpctrain-shards"), ``version`` (4), ``sample_shape``, ``dtype``,
+``index.json`` holds ``format`` ("hpctrain-shards"), ``version`` (5), ``sample_shape``, ``dtype``,
 ``num_classes``, ``class_names``, ``normalize`` ({"mean": [...], "std": [...]} per channel, in raw
 units, from the train split) and ``splits``: ``{"train": {"num_samples": N, "shards": [{"file",
 "num_samples", "sha256"}, …]}, …}``. Each shard file holds datasets ``x`` (N, *sample_shape) and
@@ -27,8 +27,16 @@ by default) or ``"sha256"``. Why XXH3-128 for blocks: it finds the corruption a 
 (flipped bits, torn writes, truncation, another file) as surely, at several times the speed of a
 memory copy where SHA-256 runs below it, so the first epoch's check costs a fraction of the read
 instead of most of it (``bench io``; docs/data.md); it is no defence against someone forging
-data, which the whole file's SHA-256 in the same entry (``data_tools verify``) still is. Files
-are written by ``shardwriter.py``. Samples are addressed by a global index per split;
+data, which the whole file's SHA-256 in the same entry (``data_tools verify``) still is.
+Version 5 adds ``origin`` (bytes, ``-B < origin <= 0``; absent: 0, as in v3/v4): block k is bytes
+``max(0, origin + k*B) .. min(origin + (k+1)*B, S)`` (:class:`BlockGrid`). The writer lays the grid
+on the sample rows of a raw ``x``: ``B`` is the power-of-two number of rows nearest 1 MiB (or
+``--block-kib``), and the grid passes through the byte where ``x`` starts. With shards cut at
+multiples of 32 samples (``plan.shard_range``), a run of the loader's plan (blocks of a
+power-of-two number of samples) then begins and ends on block boundaries, or lies inside one
+block, so the first epoch's check reads nothing beside the run (``blocks.py``). An index says
+version 5 only when an entry has a non-zero ``origin``; JPEG data keeps 1 MiB blocks from byte 0.
+Files are written by ``shardwriter.py``. Samples are addressed by a global index per split;
 :meth:`hpctrain.data.shards.ShardSet.read_range` turns a contiguous index range into one slice
 per shard touched — never per-sample reads.
 """
