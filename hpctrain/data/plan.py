@@ -28,9 +28,10 @@ def shard_range(n: int, n_shards: int, i: int, multiple: int = SHARD_MULTIPLE) -
     """``[start, stop)`` of shard ``i`` of a split of ``n`` samples written as ``n_shards`` files.
 
     Balanced contiguous shares of whole ``multiple``-sample groups (the last shard also takes the
-    ``n % multiple`` left over), so every shard starts at a multiple of the plan's block size and
-    the plan's blocks never straddle two files nor start inside a digest block of the aligned
-    grid (``index.aligned_grid``). Splits too small for one group per shard: :func:`block_range`.
+    ``n % multiple`` left over), so every shard starts at a multiple of the plan's default block
+    size, and of every power of two below it: a block of the plan then lies in one file and starts
+    and ends on the boundaries of the digest grid laid on the rows (``index.aligned_grid``).
+    Splits too small for one group per shard: :func:`block_range`, as before index v5.
     """
     if n < multiple * n_shards:
         return block_range(n, n_shards, i)
