@@ -29,8 +29,9 @@ def shard_range(n: int, n_shards: int, i: int, multiple: int = SHARD_MULTIPLE) -
 
     Balanced contiguous shares of whole ``multiple``-sample groups (the last shard also takes the
     ``n % multiple`` left over), so every shard starts at a multiple of the plan's default block
-    size, and of every power of two below it: a block of the plan then lies in one file and starts
-    and ends on the boundaries of the digest grid laid on the rows (``index.aligned_grid``).
+    size, and of every power of two below it: a block of the plan then lies in one file, its ends
+    on boundaries of the digest grid laid on the rows, or inside one digest block
+    (``index.aligned_grid``).
     Splits too small for one group per shard: :func:`block_range`, as before index v5.
     """
     if n < multiple * n_shards:
