@@ -59,8 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "the blocks aligned with the samples; smaller: a larger index)")
     c.add_argument("--block-digest", choices=tuple(BLOCK_DIGESTS), default=BLOCK_DIGEST,
                    help="the per-block digest (default %(default)s: fast enough to check as the first epoch "
-                        "reads; sha256: several times slower to check, writes a version 3 index that hpctrain "
-                        "before v4 reads unless a block grid needs version 5: see docs/data.md)")
+                        "reads; sha256: several times slower to check, writes a version 3 index (blocks from byte 0) "
+                        "that hpctrain before v4 reads: see docs/data.md)")
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
     v = sub.add_parser("verify", help="check every shard against the index (checksums, shapes, labels)")
     v.add_argument("dir")

@@ -101,7 +101,7 @@ def _load_record(out: str, name: str, fingerprint: str, block_bytes: int, digest
     shard = os.path.join(out, name)
     if rec.get("fingerprint") != fingerprint or not os.path.exists(shard):
         return None
-    blocks, (grid, _) = rec["entry"].get("blocks") or {}, shard_grid(shard, block_bytes)
+    blocks, (grid, _) = rec["entry"].get("blocks") or {}, shard_grid(shard, block_bytes, digest)
     if (blocks.get("bytes"), blocks.get("origin", 0)) == (grid.block_bytes, grid.origin) and digest in blocks:
         return rec if file_sha256(shard) == rec["entry"]["sha256"] else None
     digests = shard_digests(shard, block_bytes, digest)

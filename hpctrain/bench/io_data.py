@@ -1,6 +1,6 @@
 """The datasets of ``python -m hpctrain bench io`` (:mod:`hpctrain.bench.io`): generated once and
-reused, evicted from the page cache for the cold rows, and the v3 twin (SHA-256 blocks on the same
-grid) of the v5 index.
+reused, evicted from the page cache for the cold rows, and the v3 twin (SHA-256 blocks of 1 MiB from
+byte 0, as ``--block-digest sha256`` writes them) of the v5 index.
 
 Apart from the measuring code: these set the stage, none of it is timed.
 """

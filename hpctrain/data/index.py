@@ -35,7 +35,8 @@ on the sample rows of a raw ``x``: ``B`` is the power-of-two number of rows near
 multiples of 32 samples (``plan.shard_range``), a run of the loader's plan (blocks of a
 power-of-two number of samples) then begins and ends on block boundaries, or lies inside one
 block, so the first epoch's check reads nothing beside the run (``blocks.py``). An index says
-version 5 only when an entry has a non-zero ``origin``; JPEG data keeps 1 MiB blocks from byte 0.
+version 5 only when an entry has a non-zero ``origin``; JPEG data and SHA-256 blocks (the v3
+layout, for readers before v4) keep 1 MiB blocks from byte 0.
 Files are written by ``shardwriter.py``. Samples are addressed by a global index per split;
 :meth:`hpctrain.data.shards.ShardSet.read_range` turns a contiguous index range into one slice
 per shard touched — never per-sample reads.

@@ -64,20 +64,22 @@ class ShardWriter:
 
 def shard_digests(path: str, block_bytes: int = BLOCK_BYTES, digest: str = BLOCK_DIGEST) -> dict:
     """``sha256`` and ``blocks`` (block digests of kind ``digest``) of a finished shard's index
-    entry, on the grid :func:`shard_grid` lays. The data ranges are the blocks wholly inside the
-    contiguous storage of ``x`` and ``y`` (none for a variable-length ``x``; none at all for a file
-    HDF5 cannot open: every block is then checked at open)."""
-    grid, extents = shard_grid(path, block_bytes)
+    entry, on the grid :func:`shard_grid` lays (SHA-256 blocks: the v3 grid from byte 0, so that
+    ``--block-digest sha256`` keeps an index that hpctrain before v4 reads). The data ranges are
+    the blocks wholly inside the contiguous storage of ``x`` and ``y`` (none for a variable-length
+    ``x``; none at all for a file HDF5 cannot open: every block is then checked at open)."""
+    grid, extents = shard_grid(path, block_bytes, digest)
     whole, blocks = file_digests(path, grid.block_bytes, digest, grid.origin)
     origin = {"origin": grid.origin} if grid.origin else {}      # absent: 0, an index v3/v4 entry
     return {"sha256": whole, "blocks": {"bytes": grid.block_bytes, "file_bytes": grid.file_bytes, **origin,
                                         digest: blocks, "data": data_block_ranges(extents, grid)}}
 
 
-def shard_grid(path: str, block_bytes: int = BLOCK_BYTES) -> tuple[BlockGrid, list[tuple[int, int]]]:
+def shard_grid(path: str, block_bytes: int = BLOCK_BYTES,
+               digest: str = BLOCK_DIGEST) -> tuple[BlockGrid, list[tuple[int, int]]]:
     """The digest grid of a shard file (:func:`~hpctrain.data.index.aligned_grid`: on the sample rows
-    of a contiguous raw ``x``, about ``block_bytes``) and the ``(offset, n_bytes)`` extents of its
-    contiguous datasets."""
+    of a contiguous raw ``x``, about ``block_bytes``; ``block_bytes`` from byte 0 for SHA-256
+    blocks, the v3 layout) and the ``(offset, n_bytes)`` extents of its contiguous datasets."""
     extents, start, row = [], None, 0
     try:
         with h5py.File(path, "r") as fh:
@@ -89,6 +91,8 @@ def shard_grid(path: str, block_bytes: int = BLOCK_BYTES) -> tuple[BlockGrid, li
                         start, row = int(offset), int(ds.id.get_storage_size()) // ds.shape[0]
     except OSError:
         extents = []
+    if digest == "sha256":
+        start = None
     return aligned_grid(block_bytes, os.path.getsize(path), start, row), extents
 
 

@@ -188,3 +188,18 @@ def test_bad_origin_is_one_line(ds, origin):
         read_index(ds)
     assert str(err.value) == (f"{os.path.join(ds, 'index.json')}: split 'train' shard 1 field 'blocks': "
                               f"'origin' is {origin!r}, expected an integer in -3999..0")
+
+
+def test_sha256_blocks_keep_the_v3_grid_from_byte_0(tmp_path):
+    """``--block-digest sha256`` is for readers before v4: a version 3 index, blocks from byte 0."""
+    import hashlib
+    rng = np.random.default_rng(5)
+    x, y = rng.integers(0, 256, (N, *SHAPE), dtype=np.uint8), rng.integers(0, 5, N)
+    out = str(tmp_path / "ds")
+    convert(from_arrays({"train": (x, y)}, [str(c) for c in range(5)], "src"), out, 2, resume=False,
+            block_bytes=4000, block_digest="sha256")
+    assert json.load(open(os.path.join(out, "index.json")))["version"] == 3
+    path = os.path.join(out, SHARD)
+    raw, blocks = open(path, "rb").read(), entry(out)["blocks"]
+    assert "origin" not in blocks and blocks["bytes"] == 4000
+    assert blocks["sha256"] == [hashlib.sha256(raw[k:k + 4000]).hexdigest() for k in range(0, len(raw), 4000)]
