@@ -54,12 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--class-names", help="comma-separated class names (overrides the source's)")
     c.add_argument("--no-resume", action="store_true", help="reconvert shards even if already done")
     c.add_argument("--block-kib", type=int, default=BLOCK_BYTES >> 10,
-                   help="KiB per block of the per-block digests that the loader checks as it reads "
-                        "(default %(default)s; smaller: fewer bytes read twice in the first epoch, a larger index)")
+                   help="about this many KiB per block of the per-block digests that the loader checks as it "
+                        "reads (default %(default)s; raw samples: the power-of-two number of samples nearest it, "
+                        "the blocks aligned with the samples; smaller: a larger index)")
     c.add_argument("--block-digest", choices=tuple(BLOCK_DIGESTS), default=BLOCK_DIGEST,
                    help="the per-block digest (default %(default)s: fast enough to check as the first epoch "
-                        "reads; sha256: several times slower to check, writes a version 3 index that hpctrain "
-                        "before v4 reads: see docs/data.md)")
+                        "reads; sha256: several times slower to check, writes a version 3 index (blocks from byte 0) "
+                        "that hpctrain before v4 reads: see docs/data.md)")
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
     v = sub.add_parser("verify", help="check every shard against the index (checksums, shapes, labels)")
     v.add_argument("dir")

@@ -21,9 +21,9 @@ from typing import cast
 import numpy as np
 
 from .sources import Source, SourceError, check_sample_bytes, from_arrays
-from hpctrain.data.plan import block_range
+from hpctrain.data.plan import shard_range
 from hpctrain.data.index import BLOCK_BYTES, BLOCK_DIGEST, INDEX, file_sha256, shard_name, write_index
-from hpctrain.data.shardwriter import ShardWriter, shard_digests
+from hpctrain.data.shardwriter import ShardWriter, shard_digests, shard_grid
 from hpctrain.errors import UserError
 from hpctrain.fileio import atomic_write_text
 
@@ -75,11 +75,11 @@ def channel_stats(x: np.ndarray) -> dict:
 
 
 def shard_jobs(source: Source, n_shards: int) -> list[tuple[str, int, int, int, int]]:
-    """``(split, i, n, lo, hi)`` for every shard of every split, in index order."""
+    """``(split, i, n, lo, hi)`` for every shard of every split, in index order (:func:`shard_range`)."""
     jobs = []
     for split, sp in source.splits.items():
         n = min(n_shards, max(sp.num_samples, 1))
-        jobs += [(split, i, n, *block_range(sp.num_samples, n, i)) for i in range(n)]
+        jobs += [(split, i, n, *shard_range(sp.num_samples, n, i)) for i in range(n)]
     return jobs
 
 
@@ -89,8 +89,9 @@ def _fingerprint(source: Source, job: tuple, tag: str) -> str:
 
 
 def _load_record(out: str, name: str, fingerprint: str, block_bytes: int, digest: str) -> dict | None:
-    """The record of a finished shard that still matches, its block digests redone when it has none
-    of ``block_bytes`` and kind ``digest`` (converted before index v3/v4, or with other options)."""
+    """The record of a finished shard that still matches, its block digests redone when they are not
+    of kind ``digest`` on the grid ``block_bytes`` gives (converted before index v3/v4/v5, or with
+    other options)."""
     path = os.path.join(out, RECORDS, name + ".json")
     try:
         with open(path) as fh:
@@ -100,8 +101,8 @@ def _load_record(out: str, name: str, fingerprint: str, block_bytes: int, digest
     shard = os.path.join(out, name)
     if rec.get("fingerprint") != fingerprint or not os.path.exists(shard):
         return None
-    blocks = rec["entry"].get("blocks") or {}
-    if blocks.get("bytes") == block_bytes and digest in blocks:
+    blocks, (grid, _) = rec["entry"].get("blocks") or {}, shard_grid(shard, block_bytes, digest)
+    if (blocks.get("bytes"), blocks.get("origin", 0)) == (grid.block_bytes, grid.origin) and digest in blocks:
         return rec if file_sha256(shard) == rec["entry"]["sha256"] else None
     digests = shard_digests(shard, block_bytes, digest)
     if digests["sha256"] != rec["entry"]["sha256"]:

@@ -9,10 +9,10 @@ On a generated ImageNet-like dataset (3×224×224 uint8 samples, ``--size-gb`` G
   filling an MPI-3 shared window), all ranks reading their share at once;
 * the full loader (plus normalisation to float32 in its prefetch thread);
 * the integrity check (``shards.py``, ``blocks.py``): the first epoch with the per-block digests
-  of an index v4, XXH3-128 (metadata blocks checked at open, each data block as it is first
-  read), and of a v3, SHA-256, on the same files; for comparison the whole-file SHA-256 pass of
-  a v1/v2 index (collective at open, each shard hashed by one rank) and the first epoch
-  including it; the full loader with its check. Every other row
+  of an index v5, XXH3-128 on a grid aligned with the sample rows (metadata blocks checked at
+  open, each data block as it is first read), and of a v3, SHA-256, on the same files; for
+  comparison the whole-file SHA-256 pass of a v1/v2 index (collective at open, each shard hashed
+  by one rank) and the first epoch including it; the full loader with its check. Every other row
   reads with the check off — after the first epoch a job's reads are exactly those rows;
 * per-sample random ``x[i]``, ``y[i]`` h5py reads, the map-style-dataset anti-pattern,
 
@@ -132,7 +132,7 @@ class Bench:
 
     def plan_checked(self, cache, how: str = "xxh3_128"):
         """A job's first epoch with its check (later epochs: the plain rows): per block as read
-        (``how``: the v4 index's XXH3-128 or the v3 index's SHA-256), or the whole-file pass at
+        (``how``: the v5 index's XXH3-128 or the v3 index's SHA-256), or the whole-file pass at
         open (``"whole"``), then the block plan."""
         self.prepare(cache)
         opened = []

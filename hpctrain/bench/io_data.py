@@ -1,5 +1,6 @@
 """The datasets of ``python -m hpctrain bench io`` (:mod:`hpctrain.bench.io`): generated once and
-reused, evicted from the page cache for the cold rows, and the v3 twin of the v4 index.
+reused, evicted from the page cache for the cold rows, and the v3 twin (SHA-256 blocks of 1 MiB from
+byte 0, as ``--block-digest sha256`` writes them) of the v5 index.
 
 Apart from the measuring code: these set the stage, none of it is timed.
 """
@@ -14,7 +15,8 @@ import time
 import numpy as np
 
 from hpctrain.data import read_index
-from hpctrain.data.index import BLOCK_BYTES, BLOCK_DIGEST, INDEX, write_index
+from hpctrain.data.index import BLOCK_BYTES, BLOCK_DIGEST, INDEX, aligned_grid, write_index
+from hpctrain.data.plan import shard_range
 from hpctrain.data.shardwriter import ShardWriter, shard_digests
 
 SHA_BLOCKS = "sha256-blocks.json"     # the same shards' SHA-256 block digests: the v3 rows
@@ -30,7 +32,7 @@ def generate(directory: str, n: int, shape: tuple, n_shards: int) -> None:
     os.makedirs(directory, exist_ok=True)
     entries, chunk = [], max(1, (32 << 20) // int(np.prod(shape)))
     for i in range(n_shards):
-        lo, hi = i * n // n_shards, (i + 1) * n // n_shards
+        lo, hi = shard_range(n, n_shards, i)          # as data_tools convert cuts a split
         w = ShardWriter(directory, "train", i, n_shards, hi - lo, shape, np.uint8)
         for a in range(lo, hi, chunk):
             b = min(hi, a + chunk)
@@ -48,12 +50,13 @@ def generate(directory: str, n: int, shape: tuple, n_shards: int) -> None:
 def ensure(directory: str, n: int, shape: tuple, n_shards: int, comm) -> None:
     """Generate on rank 0 unless a matching dataset is already there (reused across runs)."""
     if comm.Get_rank() == 0:
-        ok = False
+        ok, grid = False, aligned_grid(BLOCK_BYTES, 0, 0, int(np.prod(shape)))
         if os.path.exists(os.path.join(directory, INDEX)):
             idx = read_index(directory)
             ok = (idx.num_samples("train") == n and tuple(idx.sample_shape) == shape
                   and os.path.exists(os.path.join(directory, SHA_BLOCKS))
-                  and all(BLOCK_DIGEST in e.get("blocks", {}) for e in idx.split("train")["shards"]))  # older: redo
+                  and all(BLOCK_DIGEST in e.get("blocks", {}) and e["blocks"]["bytes"] == grid.block_bytes
+                          for e in idx.split("train")["shards"]))  # older (unaligned grid, v3): redo
         if not ok:
             shutil.rmtree(directory, ignore_errors=True)
             t0 = time.perf_counter()

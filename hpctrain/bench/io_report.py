@@ -7,7 +7,7 @@ Kept apart from the measuring code so that what is timed and how it is summarise
 from __future__ import annotations
 
 CHECK, FIRST, FIRST_SHA, WHOLE, PLAIN, LOADER = (
-    "whole-file SHA-256 check at open (v1/v2 index)", "first epoch, XXH3-128 per block as read (v4 index)",
+    "whole-file SHA-256 check at open (v1/v2 index)", "first epoch, XXH3-128 per block as read (v5 index)",
     "first epoch, SHA-256 per block as read (v3 index)", "first epoch incl. whole-file SHA-256 check at open",
     "block plan, per-rank reading, serial", "full loader")
 
@@ -64,7 +64,7 @@ def integrity(rows: list) -> list[str]:
             continue
         base = plain[0]
         cpu = plain[1]
-        line = (f"integrity ({cache}): first epoch with per-block XXH3-128 as read (v4): "
+        line = (f"integrity ({cache}): first epoch with per-block XXH3-128 as read (v5, row-aligned grid): "
                 f"{100 * got[FIRST]['samples_per_s'] / base:.0f} % of the unchecked block plan "
                 f"(CPU: {100 * cpu / got[FIRST]['cpu_s']:.0f} %); with per-block SHA-256 (v3): "
                 f"{100 * got[FIRST_SHA]['samples_per_s'] / base:.0f} % "

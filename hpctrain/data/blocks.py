@@ -1,7 +1,8 @@
-"""Per-block digests of one shard file (index v3/v4): verify on read, not before.
+"""Per-block digests of one shard file (index v3 to v5): verify on read, not before.
 
 The index lists the digest (XXH3-128, or SHA-256 in indexes made before v4; ``index.py``) of every
-fixed ``B``-byte block of the file and which blocks lie wholly inside the contiguous storage of
+``B``-byte block of the file (on the grid :class:`~hpctrain.data.index.BlockGrid`: from byte 0 up to v4,
+through the start of ``x``'s rows in v5) and which blocks lie wholly inside the contiguous storage of
 ``x`` or ``y`` ("data" blocks). The others — HDF5 metadata, the edges of the datasets, free space:
 a few blocks per file — are checked before HDF5 parses the file (:meth:`BlockCheck.check`). A
 data block is checked the first time a read touches it (:meth:`BlockCheck.read_into`): the bytes
@@ -9,8 +10,10 @@ the loader asked for go straight into its buffer with one ``pread``, as unchecke
 there right after the copy; only the rest of a block cut by the read's ends is read on the side,
 once. (Reading a run in 1 MiB or 256 KiB ``pread`` pieces, each hashed while still in the CPU's
 cache, measured no cheaper than one ``pread`` then the hashes: the extra calls cost what the
-warmer cache saves. The side reads are the cost that is left: about an eighth more bytes copied
-with 4.8 MB runs and 1 MiB blocks, a sixth at 2 ranks, where a cut block is read by both.)
+warmer cache saves. With a v3/v4 grid from byte 0 the side reads cost about an eighth more bytes
+copied with 4.8 MB runs and 1 MiB blocks, a sixth at 2 ranks; the v5 grid of whole rows, through
+``x``'s first byte, makes the plan's runs start and end on block boundaries, so only a run cut
+by a rank's share of the epoch reads aside.)
 SHA-256 hashes the blocks of one read in a small thread pool (``hashlib`` releases the GIL);
 XXH3 runs at several times memory-copy speed, faster than a hand-off to a thread, so its blocks
 are hashed in the reading thread. A block that does not match raises a :class:`ShardError`
@@ -25,7 +28,7 @@ import threading
 import numpy as np
 
 from hpctrain.data.direct import pread_full
-from hpctrain.data.index import ONE_SHOT, ShardError, block_digest_name, block_hasher
+from hpctrain.data.index import ONE_SHOT, BlockGrid, ShardError, block_digest_name, block_hasher
 
 THREADED = ("sha256",)   # digests slow enough to hash a read's blocks in a pool; XXH3 hashes a block in
                          # less time than handing it to a thread costs
@@ -35,7 +38,8 @@ class BlockCheck:
     """The block digests of one shard and which of them have matched in this process."""
 
     def __init__(self, path: str, blocks: dict):
-        self.path, self.block_bytes, self.file_bytes = path, int(blocks["bytes"]), int(blocks["file_bytes"])
+        self.path, self.grid = path, BlockGrid.of(blocks)
+        self.block_bytes, self.file_bytes = self.grid.block_bytes, self.grid.file_bytes
         self.digest = block_digest_name(blocks)
         self.want = [bytes.fromhex(h) for h in blocks[self.digest]]
         self.done = np.zeros(len(self.want), bool)
@@ -44,7 +48,7 @@ class BlockCheck:
             self.data[a:b] = True
 
     def span(self, k: int) -> tuple[int, int]:
-        return k * self.block_bytes, min((k + 1) * self.block_bytes, self.file_bytes)
+        return self.grid.span(k)
 
     def problem(self, k: int, digest: bytes) -> str | None:
         if digest == self.want[k]:
@@ -73,8 +77,8 @@ class BlockCheck:
         ``pread``): read through HDF5 instead, they must be checked at open; unchecked ones returned."""
         inside = np.zeros(len(self.want), bool)
         for a, e in extents:
-            lo, hi = -(-a // self.block_bytes), e // self.block_bytes
-            inside[lo:hi] = True
+            lo, hi = self.grid.inside(a, e)
+            inside[max(lo, 0):max(hi, 0)] = True
         self.data &= inside
         return [int(k) for k in np.flatnonzero(~self.data & ~self.done)]
 
@@ -114,17 +118,21 @@ class BlockCheck:
         pages for each side read cost more than the copy (the kernel zeroes and maps them)."""
         if not len(view):
             return
-        end, bb = pos + len(view), self.block_bytes
-        first, last = pos // bb, (end - 1) // bb
+        end, span = pos + len(view), self.grid.span
+        first, last = self.grid.block_of(pos), self.grid.block_of(end - 1)
         pending = [int(k) for k in np.flatnonzero(~self.done[first:last + 1]) + first]
-        lo, hi = first + (pos > first * bb), last + (self.span(last)[1] <= end)   # [lo, hi): wholly inside
+        lo, hi = first + (pos > span(first)[0]), last + (span(last)[1] <= end)   # [lo, hi): wholly inside
         inside = [k for k in pending if lo <= k < hi]
-        scratch = _scratch(2 * bb)
+        scratch = _scratch(2 * self.block_bytes)
         parts = {k: self._cut_parts(k, pos, view, read_bytes, scratch) for k in pending if not lo <= k < hi}
+
+        def piece(k: int) -> memoryview:
+            a, b = span(k)
+            return view[a - pos:b - pos]
 
         def one(k: int) -> str | None:
             if k not in parts:
-                return self.problem(k, ONE_SHOT[self.digest](view[k * bb - pos:k * bb - pos + bb]))
+                return self.problem(k, ONE_SHOT[self.digest](piece(k)))
             h = block_hasher(self.digest)
             for part in parts[k]:
                 h.update(part)
@@ -134,7 +142,7 @@ class BlockCheck:
             found = list(pool.map(one, pending))
         else:
             digest = ONE_SHOT[self.digest]
-            got = [digest(view[k * bb - pos:k * bb - pos + bb]) for k in inside]
+            got = [digest(piece(k)) for k in inside]
             found = [self.problem(k, g) for k, g in zip(inside, got) if g != self.want[k]]
             found += [one(k) for k in parts]
         bad = next((p for p in found if p), None)
@@ -157,8 +165,7 @@ class BlockCheck:
         """Read bytes ``[pos, pos + len(view))`` into ``view`` (one ``pread``, as unchecked) and check
         every block they touch that has not matched yet; ``False`` (nothing read) when none is left
         to check. Raises the first mismatch as a :class:`ShardError`."""
-        end = pos + len(view)
-        first, last = pos // self.block_bytes, (end - 1) // self.block_bytes
+        first, last = self.grid.block_of(pos), self.grid.block_of(pos + len(view) - 1)
         if not len(view) or self.done[first:last + 1].all():
             return False
         pread_full(fd, view, pos)

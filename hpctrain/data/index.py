@@ -1,11 +1,11 @@
-"""The HDF5 shard format (version 4; versions 1 to 3 are read too) and its index: names, fields, checks.
+"""The HDF5 shard format (version 5; versions 1 to 4 are read too) and its index: names, fields, checks.
 
 A dataset is a directory::
 
     index.json                     written last, atomically; its presence means "complete"
     train-00000-of-00004.h5 …      one file per shard and split
 
-``index.json`` holds ``format`` ("hpctrain-shards"), ``version`` (4), ``sample_shape``, ``dtype``,
+``index.json`` holds ``format`` ("hpctrain-shards"), ``version`` (5), ``sample_shape``, ``dtype``,
 ``num_classes``, ``class_names``, ``normalize`` ({"mean": [...], "std": [...]} per channel, in raw
 units, from the train split) and ``splits``: ``{"train": {"num_samples": N, "shards": [{"file",
 "num_samples", "sha256"}, …]}, …}``. Each shard file holds datasets ``x`` (N, *sample_shape) and
@@ -27,8 +27,17 @@ by default) or ``"sha256"``. Why XXH3-128 for blocks: it finds the corruption a 
 (flipped bits, torn writes, truncation, another file) as surely, at several times the speed of a
 memory copy where SHA-256 runs below it, so the first epoch's check costs a fraction of the read
 instead of most of it (``bench io``; docs/data.md); it is no defence against someone forging
-data, which the whole file's SHA-256 in the same entry (``data_tools verify``) still is. Files
-are written by ``shardwriter.py``. Samples are addressed by a global index per split;
+data, which the whole file's SHA-256 in the same entry (``data_tools verify``) still is.
+Version 5 adds ``origin`` (bytes, ``-B < origin <= 0``; absent: 0, as in v3/v4): block k is bytes
+``max(0, origin + k*B) .. min(origin + (k+1)*B, S)`` (:class:`BlockGrid`). The writer lays the grid
+on the sample rows of a raw ``x``: ``B`` is the power-of-two number of rows nearest 1 MiB (or
+``--block-kib``), and the grid passes through the byte where ``x`` starts. With shards cut at
+multiples of 32 samples (``plan.shard_range``), a run of the loader's plan (blocks of a
+power-of-two number of samples) then begins and ends on block boundaries, or lies inside one
+block, so the first epoch's check reads nothing beside the run (``blocks.py``). An index says
+version 5 only when an entry has a non-zero ``origin``; JPEG data and SHA-256 blocks (the v3
+layout, for readers before v4) keep 1 MiB blocks from byte 0.
+Files are written by ``shardwriter.py``. Samples are addressed by a global index per split;
 :meth:`hpctrain.data.shards.ShardSet.read_range` turns a contiguous index range into one slice
 per shard touched — never per-sample reads.
 """
@@ -36,6 +45,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -46,9 +56,9 @@ from hpctrain.errors import LocalUserError
 from hpctrain.fileio import atomic_write_text
 
 FORMAT = "hpctrain-shards"
-VERSION = 4
-READABLE_VERSIONS = (1, 2, 3, 4)
-BLOCK_BYTES = 1 << 20          # per-block digests: 1 MiB (≈ 35 bytes of index per MiB of data with XXH3-128)
+VERSION = 5
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
+BLOCK_BYTES = 1 << 20          # per-block digests: about 1 MiB (≈ 35 bytes of index per MiB of data with XXH3-128)
 BLOCK_DIGESTS = {"xxh3_128": 32, "sha256": 64}   # a block digest's name in the index: its hex digits
 BLOCK_DIGEST = "xxh3_128"      # what the writer makes (module docstring: why)
 DIGEST_LABELS = {"xxh3_128": "XXH3-128", "sha256": "SHA-256"}
@@ -88,17 +98,63 @@ def block_digest_name(blocks: dict) -> str:
     return next(k for k in BLOCK_DIGESTS if k in blocks)
 
 
-def file_digests(path: str, block_bytes: int, digest: str = BLOCK_DIGEST) -> tuple[str, list[str]]:
-    """The file's SHA-256 and the ``digest`` of each ``block_bytes`` range, in one read."""
+@dataclass(frozen=True)
+class BlockGrid:
+    """Where the digest blocks of one file lie: block k is bytes ``[max(0, origin + k*B),
+    min(S, origin + (k+1)*B))``, ``B`` = ``block_bytes`` (the index's ``bytes``), ``S`` =
+    ``file_bytes``, ``-B < origin <= 0`` (index v5; 0 before). All block arithmetic of the checks
+    and the writer is here."""
+    block_bytes: int
+    file_bytes: int
+    origin: int = 0
+
+    @classmethod
+    def of(cls, blocks: dict) -> BlockGrid:
+        return cls(int(blocks["bytes"]), int(blocks["file_bytes"]), int(blocks.get("origin", 0)))
+
+    @property
+    def count(self) -> int:
+        return -(-(self.file_bytes - self.origin) // self.block_bytes)
+
+    def block_of(self, pos: int) -> int:
+        """The block holding byte ``pos``."""
+        return (pos - self.origin) // self.block_bytes
+
+    def span(self, k: int) -> tuple[int, int]:
+        a = self.origin + k * self.block_bytes
+        return max(0, a), min(a + self.block_bytes, self.file_bytes)
+
+    def inside(self, a: int, e: int) -> tuple[int, int]:
+        """``[lo, hi)``: the blocks lying wholly inside bytes ``[a, e)`` (``lo >= hi``: none)."""
+        return -(-(a - self.origin) // self.block_bytes), (e - self.origin) // self.block_bytes
+
+
+def aligned_grid(block_bytes: int, file_bytes: int, start: int | None = None, row_bytes: int = 0) -> BlockGrid:
+    """The writer's grid: with fixed-size rows stored from byte ``start`` (raw samples), blocks of
+    the power-of-two number of rows nearest ``block_bytes``, the grid passing through ``start``: a
+    loader run of a power-of-two number of samples then starts and ends on block boundaries (or
+    lies inside one block), so the first epoch's check reads nothing on the side. Else plain
+    ``block_bytes`` blocks from byte 0."""
+    if start is None or row_bytes <= 0:
+        return BlockGrid(block_bytes, file_bytes)
+    rows = 2 ** max(0, round(math.log2(block_bytes / row_bytes)))
+    b = rows * row_bytes
+    return BlockGrid(b, file_bytes, start % b - b if start % b else 0)
+
+
+def file_digests(path: str, block_bytes: int, digest: str = BLOCK_DIGEST, origin: int = 0) -> tuple[str, list[str]]:
+    """The file's SHA-256 and the ``digest`` of each block of the grid ``block_bytes``, ``origin``
+    (:class:`BlockGrid`), in one read."""
     whole, blocks = hashlib.sha256(), []
     buf = memoryview(bytearray(block_bytes))
+    want = block_bytes + origin if origin else block_bytes     # the first block is short with an origin
     with open(path, "rb", buffering=0) as fh:
         while True:
-            n = fh.readinto(buf)
+            n = fh.readinto(buf[:want])
             if not n:
                 break
-            while n < block_bytes:             # a short read before the end (pipes, network FS)
-                more = fh.readinto(buf[n:])
+            while n < want:                    # a short read before the end (pipes, network FS)
+                more = fh.readinto(buf[n:want])
                 if not more:
                     break
                 n += more
@@ -106,24 +162,27 @@ def file_digests(path: str, block_bytes: int, digest: str = BLOCK_DIGEST) -> tup
             h = block_hasher(digest)
             h.update(buf[:n])
             blocks.append(h.hexdigest())
+            want = block_bytes
     return whole.hexdigest(), blocks
 
 
-def data_block_ranges(extents, block_bytes: int) -> list[list[int]]:
-    """``[a, b)`` block ranges lying wholly inside the byte extents ``(offset, n_bytes)``."""
+def data_block_ranges(extents, grid: BlockGrid) -> list[list[int]]:
+    """``[a, b)`` block ranges of ``grid`` lying wholly inside the byte extents ``(offset, n_bytes)``."""
     out = []
     for offset, n in sorted(extents):
-        a, b = -(-offset // block_bytes), (offset + n) // block_bytes
+        a, b = grid.inside(offset, offset + n)
         if a < b:
             out.append([a, b])
     return out
 
 
 def write_index(directory: str, meta: dict) -> None:
-    """``meta`` as the index, its version the lowest that holds it: 3 unless a block digest needs 4,
-    so data converted with ``--block-digest sha256`` stays readable by hpctrain before v4."""
-    shards = [e for sp in meta.get("splits", {}).values() for e in sp["shards"]]
-    version = VERSION if any(k in e.get("blocks", {}) for e in shards for k in BLOCK_DIGESTS if k != "sha256") else 3
+    """``meta`` as the index, its version the lowest that holds it: 3 unless a block digest needs 4
+    or a grid origin needs 5, so data converted with ``--block-digest sha256``, or whose grid
+    starts at byte 0, stays readable by hpctrain before v4 or v5."""
+    blocks = [e.get("blocks", {}) for sp in meta.get("splits", {}).values() for e in sp["shards"]]
+    version = (5 if any(b.get("origin") for b in blocks) else
+               4 if any(k in b for b in blocks for k in BLOCK_DIGESTS if k != "sha256") else 3)
     meta = {"format": FORMAT, "version": version, **meta}
     atomic_write_text(os.path.join(directory, INDEX), json.dumps(meta, indent=1))
 
@@ -223,7 +282,10 @@ def _check_blocks(where: str, bl) -> None:
     if not (_is_count(bl["bytes"]) and bl["bytes"] > 0 and _is_count(bl["file_bytes"])):
         raise ShardError(f"{where}: 'bytes' {bl['bytes']!r:.20} / 'file_bytes' {bl['file_bytes']!r:.20} "
                          f"must be counts, 'bytes' > 0")
-    n, name = -(-bl["file_bytes"] // bl["bytes"]), names[0]
+    origin = bl.get("origin", 0)
+    if not (isinstance(origin, int) and not isinstance(origin, bool) and -bl["bytes"] < origin <= 0):
+        raise ShardError(f"{where}: 'origin' is {origin!r:.20}, expected an integer in {1 - bl['bytes']}..0")
+    n, name = BlockGrid(bl["bytes"], bl["file_bytes"], origin).count, names[0]
     digits = BLOCK_DIGESTS[name]
     if not isinstance(bl[name], list) or len(bl[name]) != n or not all(_is_hex(v, digits) for v in bl[name]):
         raise ShardError(f"{where}: {name!r} must list {n} digests of {digits} hex digits (one per block)")

@@ -21,6 +21,25 @@ def block_range(n: int, size: int, rank: int) -> tuple[int, int]:
     return start, start + q + (rank < r)
 
 
+SHARD_MULTIPLE = 32   # samples: the default block_size (data.block_size); any power of two up to it divides it
+
+
+def shard_range(n: int, n_shards: int, i: int, multiple: int = SHARD_MULTIPLE) -> tuple[int, int]:
+    """``[start, stop)`` of shard ``i`` of a split of ``n`` samples written as ``n_shards`` files.
+
+    Balanced contiguous shares of whole ``multiple``-sample groups (the last shard also takes the
+    ``n % multiple`` left over), so every shard starts at a multiple of the plan's default block
+    size, and of every power of two below it: a block of the plan then lies in one file, its ends
+    on boundaries of the digest grid laid on the rows, or inside one digest block
+    (``index.aligned_grid``).
+    Splits too small for one group per shard: :func:`block_range`, as before index v5.
+    """
+    if n < multiple * n_shards:
+        return block_range(n, n_shards, i)
+    start, stop = block_range(n // multiple, n_shards, i)
+    return start * multiple, n if i == n_shards - 1 else stop * multiple
+
+
 def steps_per_epoch(n_samples: int, global_batch: int, drop_last: bool = True) -> int:
     """Optimiser steps in one epoch; every rank takes the same number."""
     return n_samples // global_batch if drop_last else -(-n_samples // global_batch)

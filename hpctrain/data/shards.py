@@ -4,8 +4,8 @@ each file against the index, contiguous reads, integrity.
 Integrity (``ShardSet(verify=…)``, default ``"shared"``): no byte of a shard is used before it
 has matched a digest of the index. Two ways, by what the index holds:
 
-* **per block, as read** (index v3/v4, raw samples; :mod:`hpctrain.data.blocks`): the index lists the
-  XXH3-128 (v4; SHA-256 in v3) of every 1 MiB block of each file and which blocks lie inside
+* **per block, as read** (index v3 to v5, raw samples; :mod:`hpctrain.data.blocks`): the index lists the
+  XXH3-128 (v4, v5; SHA-256 in v3) of every block of about 1 MiB of each file and which blocks lie inside
   the storage of ``x`` or ``y``. All other blocks (HDF5 metadata, free space: a few per file) are
   checked before HDF5 parses the file — with a communicator collectively at construction, shard *k* by rank
   ``k % P``, verdicts allgathered, so every rank raises the same :class:`ShardError` naming the
@@ -149,7 +149,7 @@ class ShardSet:
         if problem:
             return problem
         try:
-            whole, got = file_digests(path, check.block_bytes, check.digest)
+            whole, got = file_digests(path, check.block_bytes, check.digest, check.grid.origin)
         except OSError as exc:
             return f"{path}: cannot read shard ({exc.strerror or exc})"
         bad = next((p for p in map(check.problem, range(len(got)), map(bytes.fromhex, got)) if p), None)

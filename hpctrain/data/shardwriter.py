@@ -1,5 +1,6 @@
 """Writing shard files: in chunks to a temporary name, renamed into place when complete
-(:mod:`hpctrain.fileio`); the entry carries the file's SHA-256 and its per-block digests (index v4)."""
+(:mod:`hpctrain.fileio`); the entry carries the file's SHA-256 and its per-block digests (index v5:
+a grid aligned with the sample rows)."""
 from __future__ import annotations
 
 import os
@@ -7,8 +8,8 @@ import os
 import h5py
 import numpy as np
 
-from hpctrain.data.index import (BLOCK_BYTES, BLOCK_DIGEST, FORMAT, VERSION, ShardError, data_block_ranges,
-                                 file_digests, shard_name)
+from hpctrain.data.index import (BLOCK_BYTES, BLOCK_DIGEST, FORMAT, VERSION, BlockGrid, ShardError, aligned_grid,
+                                 data_block_ranges, file_digests, shard_name)
 from hpctrain.fileio import commit, discard, temp_path
 
 
@@ -63,21 +64,36 @@ class ShardWriter:
 
 def shard_digests(path: str, block_bytes: int = BLOCK_BYTES, digest: str = BLOCK_DIGEST) -> dict:
     """``sha256`` and ``blocks`` (block digests of kind ``digest``) of a finished shard's index
-    entry. The data ranges are the blocks wholly inside the contiguous storage of ``x`` and ``y``
-    (none for a variable-length ``x``; none at all for a file HDF5 cannot open: every block is
-    then checked at open)."""
-    whole, blocks = file_digests(path, block_bytes, digest)
-    extents = []
+    entry, on the grid :func:`shard_grid` lays (SHA-256 blocks: the v3 grid from byte 0, so that
+    ``--block-digest sha256`` keeps an index that hpctrain before v4 reads). The data ranges are
+    the blocks wholly inside the contiguous storage of ``x`` and ``y`` (none for a variable-length
+    ``x``; none at all for a file HDF5 cannot open: every block is then checked at open)."""
+    grid, extents = shard_grid(path, block_bytes, digest)
+    whole, blocks = file_digests(path, grid.block_bytes, digest, grid.origin)
+    origin = {"origin": grid.origin} if grid.origin else {}      # absent: 0, an index v3/v4 entry
+    return {"sha256": whole, "blocks": {"bytes": grid.block_bytes, "file_bytes": grid.file_bytes, **origin,
+                                        digest: blocks, "data": data_block_ranges(extents, grid)}}
+
+
+def shard_grid(path: str, block_bytes: int = BLOCK_BYTES,
+               digest: str = BLOCK_DIGEST) -> tuple[BlockGrid, list[tuple[int, int]]]:
+    """The digest grid of a shard file (:func:`~hpctrain.data.index.aligned_grid`: on the sample rows
+    of a contiguous raw ``x``, about ``block_bytes``; ``block_bytes`` from byte 0 for SHA-256
+    blocks, the v3 layout) and the ``(offset, n_bytes)`` extents of its contiguous datasets."""
+    extents, start, row = [], None, 0
     try:
         with h5py.File(path, "r") as fh:
             for ds in (fh[k] for k in ("x", "y") if k in fh):
                 offset = ds.id.get_offset() if ds.chunks is None and not ds.dtype.hasobject else None
                 if offset is not None:
                     extents.append((int(offset), int(ds.id.get_storage_size())))
+                    if ds.name == "/x" and ds.shape[0]:
+                        start, row = int(offset), int(ds.id.get_storage_size()) // ds.shape[0]
     except OSError:
         extents = []
-    return {"sha256": whole, "blocks": {"bytes": block_bytes, "file_bytes": os.path.getsize(path), digest: blocks,
-                                        "data": data_block_ranges(extents, block_bytes)}}
+    if digest == "sha256":
+        start = None
+    return aligned_grid(block_bytes, os.path.getsize(path), start, row), extents
 
 
 def write_shard(directory: str, split: str, i: int, n: int, x, y: np.ndarray, encoding: str = "raw",

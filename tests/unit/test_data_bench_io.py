@@ -20,7 +20,7 @@ def test_bench_io_tiny(tmp_path, capsys):
     check = [r for r in rows if r["method"].startswith("whole-file SHA-256 check at open")]
     assert len(check) == 1 and check[0]["data"] == "3x224x224" and check[0]["mb_per_s"] > 0
     assert len([r for r in rows if r["method"].startswith("full loader")]) == 2
-    assert "integrity (warm): first epoch with per-block XXH3-128 as read (v4)" in text and "SHA-256 (v3)" in text and "later epochs 100 %" in text
+    assert "integrity (warm): first epoch with per-block XXH3-128 as read (v5, row-aligned grid)" in text and "SHA-256 (v3)" in text and "later epochs 100 %" in text
     assert "data-wait share" in text and "vs random" in text
     assert main(args) == 0 and "generated" not in capsys.readouterr().out          # reused, not regenerated
     assert main(["--clean", "--dir", str(tmp_path / "ds")]) == 0 and not (tmp_path / "ds").exists()

@@ -2,6 +2,7 @@
 import json
 import os
 
+import h5py
 import numpy as np
 import pytest
 
@@ -114,12 +115,15 @@ def test_cli_verify_and_inspect(tmp_path, capsys):
     assert "raw uint8 samples of shape (3, 4, 4)" in text and "train: 16 samples in 2 shard(s)" in text
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     path = os.path.join(out, "train-00001-of-00002.h5")
+    with h5py.File(path, "r") as fh:       # the grid passes through x's start; the file is under one block
+        x0, size = fh["x"].id.get_offset(), os.path.getsize(path)
     with open(path, "r+b") as fh:
         fh.seek(-1, os.SEEK_END)
         fh.write(b"\x01")
     assert tools_main(["verify", out]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(f"data_tools: error: {path}: checksum mismatch in block 0 (bytes 0..")
+    assert len(err) == 1 and err[0].startswith(f"data_tools: error: {path}: checksum mismatch in block 1 "
+                                               f"(bytes {x0}..{size};")
 
 
 def test_resume_adds_block_digests_to_shards_made_before_index_v3(tmp_path):
@@ -142,4 +146,6 @@ def test_resume_adds_block_digests_to_shards_made_before_index_v3(tmp_path):
     assert stamps == {f: os.stat(os.path.join(out, f)).st_mtime_ns for f in stamps}
     src, counter = source_with(x, y)
     assert convert(src, out, 5, block_bytes=1024)["skipped_shards"] == 5 and counter.calls == []
-    assert all(e["blocks"]["bytes"] == 1024 for e in read_index(out).split("train")["shards"])
+    # 16 rows of 48 bytes: the power-of-two number of rows nearest 1 KiB (512: 8 rows)
+    assert {e["blocks"]["bytes"] for e in fresh} == {384}
+    assert all(e["blocks"]["bytes"] == 768 for e in read_index(out).split("train")["shards"])

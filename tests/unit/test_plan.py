@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from hpctrain.data.plan import block_range, permuted_blocks, rank_runs, steps_per_epoch
+from hpctrain.data.plan import block_range, permuted_blocks, rank_runs, shard_range, steps_per_epoch
 
 
 def covered(runs):
@@ -17,6 +17,21 @@ def test_block_range_partitions(n, size):
     assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
     lengths = [b - a for a, b in ranges]
     assert max(lengths) - min(lengths) <= 1
+
+
+@pytest.mark.parametrize("shards", [1, 2, 3, 4, 8, 9])
+@pytest.mark.parametrize("n", [0, 5, 23, 255, 256, 1438, 7134])
+def test_shard_range_cuts_at_multiples_of_32_and_stays_balanced(n, shards):
+    """Every sample in one shard, in order; each shard but the last starts and ends at a multiple
+    of 32, sizes differ by at most 32; too few samples for 32 per shard: the old cut."""
+    cuts = [shard_range(n, shards, i) for i in range(shards)]
+    assert cuts[0][0] == 0 and cuts[-1][1] == n and all(a[1] == b[0] for a, b in zip(cuts, cuts[1:]))
+    lengths = [b - a for a, b in cuts]
+    if n < 32 * shards:
+        assert cuts == [block_range(n, shards, i) for i in range(shards)]
+    else:
+        assert all(a % 32 == 0 for a, _ in cuts) and all(b % 32 == 0 for _, b in cuts[:-1])
+        assert max(lengths) - min(lengths) <= 32
 
 
 @pytest.mark.parametrize("size", range(1, 10))

@@ -163,9 +163,9 @@ def test_version1_index_still_reads(npz_dataset):
     idx = read_index(d)
     assert idx.encoding == "raw"
     np.testing.assert_array_equal(ShardSet(idx, "train").read_range(0, 5)[0], x[:5])
-    meta["version"] = 5
+    meta["version"] = 6
     json.dump(meta, open(os.path.join(d, "index.json"), "w"))
-    with pytest.raises(ShardError, match="field 'version' is 5"):
+    with pytest.raises(ShardError, match="field 'version' is 6"):
         read_index(d)
 
 
