@@ -15,11 +15,8 @@ selects a plugin outside the tree (:mod:`hpctrain.registry`). A plugin's own opt
 sub-table (``[sync.odsgd]``) whose schema is the plugin's constructor
 (:mod:`hpctrain.config.plugins`).
 
-Renamed keys (:data:`RENAMED`) are read as their new key; the entry point prints one deprecation
-line for each on rank 0 (:func:`deprecation_lines`); an error names the key as written. In Python,
-an old name within its own section (``cfg.optim.lars_eta``) is a read-only property that warns
-(DeprecationWarning) and returns the new key's value; it is no field, so ``==``, ``asdict`` and
-:meth:`Config.to_dict` see the new keys only.
+Renamed keys (:mod:`hpctrain.config.renamed`) are read as their new key, with one deprecation line
+each; an error names the key as written.
 """
 from __future__ import annotations
 
@@ -29,11 +26,10 @@ import tomllib
 import typing
 from collections.abc import Iterator
 from typing import Any
-import warnings
 from dataclasses import dataclass, field
 
-from hpctrain.config.plugins import (help_lines, plugin_options, plugin_tables, recorded_tables, set_option,
-                                     table_problems, tables_field)
+from hpctrain.config.plugins import help_lines, plugin_tables, recorded_tables, set_option, table_problems, tables_field
+from hpctrain.config.renamed import RENAMED, deprecation_lines, install_old_names
 from hpctrain.config.values import (FRACTION, INF, LOSS_SCALE, LR, NON_NEGATIVE, POSITIVE, Option, Range, coerce,
                                     field_problem, is_plugin_spec, opt, registry)
 from hpctrain.errors import ConfigError
@@ -212,72 +208,7 @@ class Config:
         return out
 
 
-# Old key -> new key: read as the new one, with one deprecation line each (users' files keep working).
-RENAMED = {
-    "sync.comm_delay_ms": "comm.delay_ms",                  # it configures the comm layer
-    "optim.lars_exclude_1d": "optim.exclude_1d",            # it governs SGD's weight decay too
-    **{f"sync.odsgd_{k}": f"sync.odsgd.{k}" for k in ("warmup_steps", "local_lr", "local_momentum", "dc_lambda")},
-    **{f"optim.{p}_{k}": f"optim.{p}.{k}" for p, k in (("lars", "eta"), ("lars", "eps"), ("lars", "clip"),
-                                                        ("lamb", "beta2"), ("lamb", "eps"))},
-}
-
-
-def _old_name(old: str, new: str) -> property:
-    """``sec.<old>`` in Python: reads and sets ``new`` (a field or ``plugin.option``, read as the
-    plugin will be built) in the same section, with a DeprecationWarning."""
-    key = new.partition(".")[2]
-    plugin, _, option = key.rpartition(".")
-
-    def warn() -> None:
-        warnings.warn(f"config {old} is deprecated: use {new}", DeprecationWarning, stacklevel=3)
-
-    def read(sec):
-        warn()
-        return plugin_options(sec, plugin)[option] if plugin else getattr(sec, key)
-
-    def write(sec, value) -> None:
-        warn()
-        if plugin:
-            f = tables_field(sec)
-            assert f is not None
-            getattr(sec, f.name).setdefault(plugin, {})[option] = value
-        else:
-            setattr(sec, key, value)
-    return property(read, write, doc=f"Deprecated: {new}.")
-
-
-def _moved(old: str, new: str) -> property:
-    """``sec.<old>`` where ``new`` is in another section: a one-line AttributeError saying where."""
-    def fail(sec, *value):
-        raise AttributeError(f"config {old} moved to another section: use cfg.{new}")
-    return property(fail, fail, doc=f"Moved: cfg.{new}.")
-
-
-def _old_keywords(cls, names: set[str]) -> None:
-    """Let ``cls(old=value)`` work for its old names, through their properties: warned and stored
-    under the new key, or refused in one line naming the section the key moved to."""
-    init = cls.__init__
-
-    def __init__(self, *args, **kwargs):
-        old = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
-        init(self, *args, **kwargs)
-        with warnings.catch_warnings(record=True) as said:
-            warnings.simplefilter("always")
-            for k, v in old.items():
-                setattr(self, k, v)
-        for w in said:                                  # the warnings, pointing at the caller's line
-            warnings.warn(w.message, w.category, stacklevel=2)
-    __init__.__doc__, __init__.__wrapped__ = init.__doc__, init          # type: ignore[attr-defined]
-    cls.__init__ = __init__
-
-
-_SECTION_TYPES = typing.get_type_hints(Config)
-for _old, _new in RENAMED.items():
-    _sec, _, _name = _old.partition(".")
-    _same = _sec == _new.partition(".")[0]
-    setattr(_SECTION_TYPES[_sec], _name, (_old_name if _same else _moved)(_old, _new))
-for _sec in {k.partition(".")[0] for k in RENAMED}:
-    _old_keywords(_SECTION_TYPES[_sec], {k.partition(".")[2] for k in RENAMED if k.startswith(_sec + ".")})
+install_old_names(typing.get_type_hints(Config))
 
 
 def sections(cfg: Config) -> Iterator[tuple[str, Any]]:
@@ -352,12 +283,6 @@ def load_toml(cfg: Config, path: str) -> None:
                     set_value(cfg, f"{section}.{key}.{option}", v)
             else:
                 set_value(cfg, f"{section}.{key}", value)
-
-
-def deprecation_lines(cfg: Config) -> list[str]:
-    """One line per old key this config was given (the entry point prints them on rank 0)."""
-    return [f"hpctrain: warning: config {old} is deprecated: use {new} (read as {new} this time)"
-            for new, old in cfg.renamed.items()]
 
 
 def check_field(section: str, key: str, value) -> None:
