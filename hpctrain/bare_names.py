@@ -5,7 +5,7 @@ checkout's root Python also finds them by their bare names, which earlier versio
 (``from data_tools.sources import source`` in a plugin). Imported that way each file would run a
 second time as another module, with registries of its own: a plugin source would register where
 the tools never look. :func:`become` makes the bare package and each of its submodules the
-installed name's module object instead, as :mod:`hpctrain.sync` does for :mod:`hpctrain.update`.
+installed name's module object instead; :mod:`hpctrain.sync` uses it for :mod:`hpctrain.update`.
 """
 from __future__ import annotations
 
@@ -39,3 +39,6 @@ def become(bare: str, real: str) -> None:
     if not any(isinstance(f, _SameModule) and f.bare == bare for f in sys.meta_path):
         sys.meta_path.insert(0, _SameModule(bare, real))
     sys.modules[bare] = importlib.import_module(real)
+    for name, module in list(sys.modules.items()):      # the submodules the package imported already
+        if name.startswith(real + "."):
+            sys.modules.setdefault(bare + name[len(real):], module)

@@ -330,13 +330,14 @@ def validate(cfg: Config, world_size: int = 1) -> None:
                 raise ConfigError(f"config {cfg.renamed.get(key, key)}: {problem}")
         for key, problem in table_problems(sec, name):
             raise ConfigError(f"config {cfg.renamed.get(key, key)}: {problem}")
-    checks = [
-        (cfg.train.batch_size % world_size == 0, "train.batch_size",
+    checks = [   # each computed once, in this order; the first problem stops
+        ("train.batch_size", lambda: None if cfg.train.batch_size % world_size == 0 else
          f"global batch {cfg.train.batch_size} is not divisible by {world_size} ranks"),
-        (not dir_problem(cfg.run.run_dir), "run.run_dir", dir_problem(cfg.run.run_dir)),
-        (not _dataset_problem(cfg.data.dataset), "data.dataset", _dataset_problem(cfg.data.dataset)),
-        (not cfg.ckpt.dir or not dir_problem(cfg.ckpt.dir), "ckpt.dir", cfg.ckpt.dir and dir_problem(cfg.ckpt.dir)),
+        ("run.run_dir", lambda: dir_problem(cfg.run.run_dir)),
+        ("data.dataset", lambda: _dataset_problem(cfg.data.dataset)),
+        ("ckpt.dir", lambda: cfg.ckpt.dir and dir_problem(cfg.ckpt.dir)),
     ]
-    for ok, key, msg in checks:
-        if not ok:
-            raise ConfigError(f"config {key}: {msg}")
+    for key, problem_of in checks:
+        problem = problem_of()
+        if problem:
+            raise ConfigError(f"config {key}: {problem}")

@@ -34,15 +34,15 @@ def _old_name(old: str, new: str) -> property:
     key = new.partition(".")[2]
     plugin, _, option = key.rpartition(".")
 
-    def warn() -> None:
-        warnings.warn(f"config {old} is deprecated: use {new}", DeprecationWarning, stacklevel=3)
+    def warn(stacklevel: int) -> None:
+        warnings.warn(f"config {old} is deprecated: use {new}", DeprecationWarning, stacklevel=stacklevel)
 
     def read(sec):
-        warn()
+        warn(3)
         return plugin_options(sec, plugin)[option] if plugin else getattr(sec, key)
 
-    def write(sec, value) -> None:
-        warn()
+    def write(sec, value, stacklevel: int = 3) -> None:
+        warn(stacklevel)
         if plugin:
             f = tables_field(sec)
             assert f is not None
@@ -60,19 +60,16 @@ def _moved(old: str, new: str) -> property:
 
 
 def _old_keywords(cls, names: set[str]) -> None:
-    """Let ``cls(old=value)`` work for its old names, through their properties: warned and stored
-    under the new key, or refused in one line naming the section the key moved to."""
+    """Let ``cls(old=value)`` work for its old names, through their properties' setters: warned
+    (at the caller's line) and stored under the new key, or refused in one line naming the
+    section the key moved to."""
     init = cls.__init__
 
     def __init__(self, *args, **kwargs):
         old = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
         init(self, *args, **kwargs)
-        with warnings.catch_warnings(record=True) as said:
-            warnings.simplefilter("always")
-            for k, v in old.items():
-                setattr(self, k, v)
-        for w in said:                                  # the warnings, pointing at the caller's line
-            warnings.warn(w.message, w.category, stacklevel=2)
+        for k, v in old.items():
+            vars(cls)[k].fset(self, v, 4)       # warn -> setter -> this __init__ -> the caller
     __init__.__doc__, __init__.__wrapped__ = init.__doc__, init          # type: ignore[attr-defined]
     cls.__init__ = __init__
 

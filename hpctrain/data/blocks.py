@@ -78,7 +78,7 @@ class BlockCheck:
         inside = np.zeros(len(self.want), bool)
         for a, e in extents:
             lo, hi = self.grid.inside(a, e)
-            inside[max(lo, 0):max(hi, 0)] = True
+            inside[lo:hi] = True
         self.data &= inside
         return [int(k) for k in np.flatnonzero(~self.data & ~self.done)]
 

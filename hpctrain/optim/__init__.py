@@ -86,13 +86,18 @@ def _lars(params, *, lr: float, momentum: float, weight_decay: float, nesterov: 
 
 @OPTIMIZERS.register("lamb")
 def _lamb(params, *, lr: float, momentum: float, weight_decay: float, exclude_1d: bool, lr_1d_scale: float,
-          beta2: Beta2 = 0.999, eps: LambEps = 1e-6, adam_eps: float | None = None, **_) -> LAMB:
-    """LAMB with beta1 = ``momentum``; ``adam_eps``: :func:`make_optimizer`'s old name of ``eps``.
-    Its own options are checked by the rule the config applies (``[optim.lamb]``)."""
-    eps = eps if adam_eps is None else adam_eps
+          beta2: Beta2 = 0.999, eps: LambEps = 1e-6, **_) -> LAMB:
+    """LAMB with beta1 = ``momentum``; its own options checked by the rule the config applies
+    (``[optim.lamb]``)."""
     check_options(_lamb, "optim.lamb", locals())
     return LAMB(params, lr=lr, betas=(momentum, beta2), eps=eps,
                 weight_decay=weight_decay, exclude_1d=exclude_1d, lr_1d_scale=lr_1d_scale)
+
+
+# make_optimizer's keywords as they were before the sub-tables: its own defaults where they differ
+# from the config's (LARS's eps 0, MLPerf's lars_epsilon; the config's is 1e-9), and old names.
+_API_DEFAULTS = {"lars": {"eps": 0.0}}
+_API_NAMES = {"lamb": {"adam_eps": "eps"}}
 
 
 def make_optimizer(params_or_model, name: str, lr: float, momentum: float = 0.9,
@@ -109,8 +114,10 @@ def make_optimizer(params_or_model, name: str, lr: float, momentum: float = 0.9,
     ``adam_eps``), each defaulting to the factory's (LARS's ``eps`` excepted: 0, as this function
     always gave); one it does not take is ignored.
     """
-    if name == "lars":
-        own_options.setdefault("eps", 0.0)      # this function's LARS default, as before (the config's is 1e-9)
+    for old, new in _API_NAMES.get(name, {}).items():
+        if old in own_options:
+            own_options[new] = own_options.pop(old)
+    own_options = {**_API_DEFAULTS.get(name, {}), **own_options}
     return OPTIMIZERS.get(name)(_params(params_or_model), lr=lr, momentum=momentum, weight_decay=weight_decay,
                                 nesterov=nesterov, exclude_1d=exclude_1d, lr_1d_scale=lr_1d_scale, **own_options)
 
