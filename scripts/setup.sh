@@ -21,7 +21,7 @@ case "$MPI" in
   *) echo "[setup] MPI=$MPI: choose openmpi or mpich" >&2; exit 2 ;;
 esac
 PY=${PYTHON:-python3}
-say() { printf '[setup %s] %s\n' "$MPI" "$*"; }
+say() { printf '[setup %s +%ss] %s\n' "$MPI" "$SECONDS" "$*"; }   # seconds since set-up began
 
 # 0. CPU or GPU: the torch flavour (cpu | cu126 | cu130) and the CuPy extra (- | cuda | cuda13).
 choice=$(GPU="${GPU:-auto}" CUDA="${CUDA:-}" "$PY" scripts/gpu_choice.py) || exit 2
