@@ -105,10 +105,11 @@ is_bound "$([ "$MPI" = mpich ] && echo MPICH || echo 'Open MPI')" || { say "ERRO
 # 4. h5py for parallel HDF5 (driver='mpio'); --no-build-isolation keeps the build on our mpi4py.
 #    Its C files compile on every core: setuptools reads [build_ext] parallel from the extra config
 #    file DIST_EXTRA_CONFIG names (h5py's cythonize step before it stays serial; 145 -> 105 s here).
+#    nproc counts without OMP_NUM_THREADS, which it honours and the Makefile sets to 1.
 if ! "$vpy" -c 'import h5py,sys; sys.exit(not h5py.get_config().mpi)' 2>/dev/null; then
   say "building h5py against Debian's parallel HDF5 for $MPI (about 2 minutes, once)"
   par_cfg=$(mktemp)
-  printf '[build_ext]\nparallel = %s\n' "$(nproc)" > "$par_cfg"
+  printf '[build_ext]\nparallel = %s\n' "$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)" > "$par_cfg"
   if ! DIST_EXTRA_CONFIG=$par_cfg HDF5_MPI=ON CC=mpicc.$MPI HDF5_DIR=/usr/lib/x86_64-linux-gnu/hdf5/$MPI \
        $pip --no-cache-dir --no-build-isolation --no-binary=h5py h5py; then
     say "WARNING: parallel h5py did not build; falling back to serial h5py (per-shard reads, no mpio)"
