@@ -284,8 +284,9 @@ def train(job: Job, ckpt: Checkpointer, stop: StopSignal, resumed, log: MetricsL
         t_epoch, loss_sum, n = time.perf_counter(), torch.zeros((), device=job.device), 0
         # Final Polishing (b): the last polish.unaugmented_epochs epochs see the data as validation does
         augment = epoch < cfg.train.epochs - cfg.polish.unaugmented_epochs
-        batches = loader.epoch(epoch, skip=skip if epoch == first_epoch else 0, augment=augment)
-        prep = loader.batch_prep(epoch, augment)            # nothing to do unless job.raw
+        done = skip if epoch == first_epoch else 0          # steps of this epoch before the resume
+        batches = loader.epoch(epoch, skip=done, augment=augment)
+        prep = loader.batch_prep(epoch, augment, skip=done)  # nothing to do unless job.raw
         for x, y in device_batches(timed_batches(batches, job.timer), job.device, prep):
             if trainer.step_count >= total_steps:
                 break
