@@ -13,8 +13,9 @@ Randomness: each batch draws from its own ``torch.Generator``, seeded by ``(seed
 step)`` (:func:`generator_for`), so a batch's crops and flips are a pure function of where it is
 in the run, never of how many batches were drawn before it: a run resumed part-way through an epoch
 augments its batches exactly as the uninterrupted run did (one generator per epoch, restarted at
-the resume point, gave batch ``k`` the draws of batch 0). Parameters are drawn on the host; the appliers run on the batch's device
-(:class:`BatchPrep`: on the GPU after the copy of a raw batch), with the same result on the CPU.
+the resume point, gave batch ``k`` the draws of batch 0). Parameters are drawn on the host; the
+appliers run on the batch's device (:class:`BatchPrep`: on the GPU after the copy of a raw
+batch), with the same result on the CPU.
 Evaluation and Final Polishing's un-augmented pass use no :class:`Augment`.
 Samplers (``*_params``) and the pure appliers (``*_at``) are separate so tests can check the
 appliers against an independent computation. What an applier makes on the host (indices, affine
