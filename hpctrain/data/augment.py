@@ -94,7 +94,7 @@ class BatchPrep:
 
     def __call__(self, x) -> torch.Tensor:
         t = self.normalize(x)
-        if self.transform is None:
+        if self.transform is None or self.gen_at is None:     # (a transform always has gen_at)
             return t
         gen = self.gen_at(self.step)
         self.step += 1
