@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from hpctrain.batches import device_batches, timed_batches
 from hpctrain.models import BUILTIN, ModelError, build_model, check_model_output
 from hpctrain.ops.agree import agree, check_consistency, software_versions
 from hpctrain.ops.checkpoint import Checkpointer
+from hpctrain.ops.datawait import InputWatch
 from hpctrain.testhooks import device_batches_forced, maybe_inject
 from hpctrain.ops.metrics import MetricsLog, StepTimer, clock_for, gpu_time
 from hpctrain.ops.rundir import RunDirectory
@@ -280,15 +282,18 @@ def train(job: Job, ckpt: Checkpointer, stop: StopSignal, resumed, log: MetricsL
     t_train = time.perf_counter()
     first_epoch, skip = (resumed.epoch, resumed.step_in_epoch) if resumed else (0, 0)
     lr = trainer.lr()
+    watch = InputWatch(topo.comm)                         # is input the bottleneck? (per epoch, warns once)
     for epoch in range(first_epoch, cfg.train.epochs):
         t_epoch, loss_sum, n = time.perf_counter(), torch.zeros((), device=job.device), 0
         # Final Polishing (b): the last polish.unaugmented_epochs epochs see the data as validation does
         augment = epoch < cfg.train.epochs - cfg.polish.unaugmented_epochs
-        batches = loader.epoch(epoch, skip=skip if epoch == first_epoch else 0, augment=augment)
-        prep = loader.batch_prep(epoch, augment)            # nothing to do unless job.raw
+        done = skip if epoch == first_epoch else 0          # steps of this epoch before the resume
+        batches = loader.epoch(epoch, skip=done, augment=augment)
+        prep = loader.batch_prep(epoch, augment, skip=done)  # nothing to do unless job.raw
         for x, y in device_batches(timed_batches(batches, job.timer), job.device, prep):
             if trainer.step_count >= total_steps:
                 break
+            watch.batch_arrived()
             if watchdog:
                 watchdog.step(trainer.step_count)
             maybe_inject(topo.rank, trainer.step_count)
@@ -310,8 +315,13 @@ def train(job: Job, ckpt: Checkpointer, stop: StopSignal, resumed, log: MetricsL
         for k, v in phases.items():
             progress.breakdown[k] = progress.breakdown.get(k, 0.0) + v
         loss_total = comm_lib.allreduce_sum([float(loss_sum), n], topo.comm)
+        epoch_s = time.perf_counter() - t_epoch
+        wait, warning = watch.epoch(epoch, phases.get("data", 0.0), epoch_s)    # collective
+        if warning and topo.rank == 0:
+            print(warning, file=sys.stderr, flush=True)
+            log.log("warning", epoch=epoch, message=warning)
         rec = {"epoch": epoch, "step": trainer.step_count, "train_loss": loss_total[0] / max(loss_total[1], 1),
-               "lr": lr, "epoch_s": time.perf_counter() - t_epoch, "phases_s": phases}
+               "lr": lr, "epoch_s": epoch_s, "phases_s": phases, **wait}
         if cfg.train.eval_every and (epoch + 1) % cfg.train.eval_every == 0:
             with busy(watchdog, "evaluation"):
                 rec.update(evaluate(job))   # OD-SGD: scores the global weights W (trainer.finish)

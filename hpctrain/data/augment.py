@@ -9,9 +9,13 @@
   then a centre crop) the box sides are clamped to the image.
 * ``flip`` — horizontal flip with probability 1/2.
 
-Randomness comes from a ``torch.Generator`` the loader seeds by ``(seed, epoch, rank)``, so a run
-is reproducible. Parameters are drawn on the host; the appliers run on the batch's device
-(:class:`BatchPrep`: on the GPU after the copy of a raw batch), with the same result on the CPU.
+Randomness: each batch draws from its own ``torch.Generator``, seeded by ``(seed, epoch, rank,
+step)`` (:func:`generator_for`), so a batch's crops and flips are a pure function of where it is
+in the run, never of how many batches were drawn before it: a run resumed part-way through an epoch
+augments its batches exactly as the uninterrupted run did (one generator per epoch, restarted at
+the resume point, gave batch ``k`` the draws of batch 0). Parameters are drawn on the host; the
+appliers run on the batch's device (:class:`BatchPrep`: on the GPU after the copy of a raw
+batch), with the same result on the CPU.
 Evaluation and Final Polishing's un-augmented pass use no :class:`Augment`.
 Samplers (``*_params``) and the pure appliers (``*_at``) are separate so tests can check the
 appliers against an independent computation. What an applier makes on the host (indices, affine
@@ -22,6 +26,7 @@ host wait for the device two or three times per batch.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -70,23 +75,30 @@ class Normalize:
 
 class BatchPrep:
     """A raw batch → the model's input, on whatever device the batch is on: :class:`Normalize`,
-    then ``transform(x, gen)`` (an :class:`Augment`) when one is given.
+    then ``transform(x, gen_at(step))`` (an :class:`Augment`) when one is given.
 
     The one place normalisation (and augmentation) is applied: the loader's thread calls it on host
     batches; a job training on a GPU calls it after copying a raw (uint8) batch to the device, for
-    training, evaluation and Final Polishing alike. Random parameters are drawn on the host from
-    ``gen`` in batch order, so the same batches get the same crops and flips either way.
+    training, evaluation and Final Polishing alike. Calls are the epoch's batches in order from
+    ``step`` (the resume point): batch ``step`` draws its parameters on the host from its own
+    generator ``gen_at(step)``, so the same batches get the same crops and flips either way, and
+    whatever was drawn before.
     """
-    __slots__ = ("normalize", "transform", "gen")
+    __slots__ = ("normalize", "transform", "gen_at", "step")
 
-    def __init__(self, normalize: Normalize, transform=None, gen: torch.Generator | None = None):
-        if transform is not None and gen is None:
-            raise ValueError("BatchPrep: a transform needs its generator")
-        self.normalize, self.transform, self.gen = normalize, transform, gen
+    def __init__(self, normalize: Normalize, transform=None,
+                 gen_at: Callable[[int], torch.Generator] | None = None, step: int = 0):
+        if transform is not None and gen_at is None:
+            raise ValueError("BatchPrep: a transform needs its generators")
+        self.normalize, self.transform, self.gen_at, self.step = normalize, transform, gen_at, step
 
     def __call__(self, x) -> torch.Tensor:
         t = self.normalize(x)
-        return t if self.transform is None else self.transform(t, self.gen)
+        if self.transform is None or self.gen_at is None:     # (a transform always has gen_at)
+            return t
+        gen = self.gen_at(self.step)
+        self.step += 1
+        return self.transform(t, gen)
 
 
 def flip_params(n: int, gen: torch.Generator) -> torch.Tensor:
@@ -161,7 +173,10 @@ class Augment:
         return f"Augment({self.kind!r}, flip={self.flip})"
 
 
-def generator_for(seed: int, epoch: int, rank: int) -> torch.Generator:
-    """The augmentation stream of ``rank`` in ``epoch`` (offset 2 keeps it apart from the shuffle)."""
-    state = np.random.SeedSequence([seed, epoch, 1 + rank, 2]).generate_state(1, np.uint64)[0]
+def generator_for(seed: int, epoch: int, rank: int, step: int | None = None) -> torch.Generator:
+    """The augmentation stream of ``rank`` in ``epoch`` (offset 2 keeps it apart from the shuffle);
+    with ``step``, that of the epoch's batch ``step`` alone (what training uses: see the module
+    docstring)."""
+    key = [seed, epoch, 1 + rank, 2] + ([] if step is None else [step])
+    state = np.random.SeedSequence(key).generate_state(1, np.uint64)[0]
     return torch.Generator().manual_seed(int(state) & ((1 << 63) - 1))

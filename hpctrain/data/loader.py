@@ -23,6 +23,7 @@ otherwise, so the batches are the same either way).
 """
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import time
@@ -229,22 +230,22 @@ class ShardLoader:
                 self.stats.decode_s += time.perf_counter() - t0
             yield x, y
 
-    def _prep(self, epoch: int, augment: bool) -> BatchPrep:
+    def _prep(self, epoch: int, augment: bool, skip: int) -> BatchPrep:
         transform = self.transform if augment else None
-        gen = generator_for(self.seed, epoch, self.rank) if transform is not None else None
-        return BatchPrep(self.to_tensor, transform, gen)
+        gen_at = functools.partial(generator_for, self.seed, epoch, self.rank) if transform is not None else None
+        return BatchPrep(self.to_tensor, transform, gen_at, step=skip)
 
-    def batch_prep(self, epoch: int, augment: bool = True) -> Callable[[torch.Tensor], torch.Tensor]:
-        """What the consumer still applies to each ``x`` of ``epoch(epoch, augment=augment)``, on
+    def batch_prep(self, epoch: int, augment: bool = True, skip: int = 0) -> Callable[[torch.Tensor], torch.Tensor]:
+        """What the consumer still applies to each ``x`` of ``epoch(epoch, skip, augment)``, on
         the device it copied ``x`` to: with ``raw`` batches, the epoch's :class:`BatchPrep`
-        (normalisation, augmentation with the epoch's generator, taken in batch order); otherwise
-        nothing (the thread has applied it). Make it when the epoch starts (also when resuming
-        part-way through: the thread's generator restarts there too)."""
-        return self._prep(epoch, augment) if self.raw else _unchanged
+        (normalisation, augmentation with each batch's own generator, from batch ``skip`` on, in
+        batch order); otherwise nothing (the thread has applied it). Make it when the epoch
+        starts, with the same ``skip``."""
+        return self._prep(epoch, augment, skip) if self.raw else _unchanged
 
     def _batches(self, epoch: int, skip: int, augment: bool):
         source = self.node.batches(epoch, skip) if self.node else self.decoded_batches(epoch, skip)
-        prep = None if self.raw else self._prep(epoch, augment)
+        prep = None if self.raw else self._prep(epoch, augment, skip)
         for x, y in source:
             t0 = time.perf_counter()
             t = host_tensor(x, self.pin) if prep is None else prep(x)     # None: raw

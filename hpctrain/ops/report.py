@@ -30,6 +30,7 @@ class Run:
     epochs: list = field(default_factory=list)   # "epoch" records, one per epoch (a resumed epoch: last wins)
     summary: dict | None = None
     stopped: dict | None = None
+    warnings: list = field(default_factory=list)   # "warning" records (input is the bottleneck)
 
     @property
     def world_size(self) -> int:
@@ -65,6 +66,8 @@ def load_run(path: str) -> Run:
             run.summary, run.stopped = r, None
         elif kind == "stopped":
             run.stopped = r
+        elif kind == "warning":
+            run.warnings.append(r)
     if not run.config:
         raise ReportError(f"{metrics}: no config record")
     run.epochs = [by_epoch[e] for e in sorted(by_epoch)]
@@ -93,6 +96,19 @@ def phase_breakdown(run: Run) -> dict[str, float]:
     return total
 
 
+def data_wait(run: Run) -> dict | None:
+    """The epochs' data-wait shares (highest over ranks, :mod:`hpctrain.ops.datawait`): mean, the
+    worst epoch and its rank, and the run's input-bound warning if it had one (judged without the
+    first batch's warm-up, which the shares include); None for runs recorded before them."""
+    rows = [e for e in run.epochs if e.get("data_wait_share_max") is not None]
+    if not rows:
+        return None
+    worst = max(rows, key=lambda e: e["data_wait_share_max"])
+    return {"mean": sum(e["data_wait_share_max"] for e in rows) / len(rows), "max": worst["data_wait_share_max"],
+            "epoch": worst["epoch"], "rank": worst.get("data_wait_rank", 0),
+            "warning": run.warnings[0]["message"] if run.warnings else None}
+
+
 def scaling(samples_per_s: float, world: int, base_samples_per_s: float, base_world: int) -> dict:
     """Speed-up over the baseline and the scaling efficiency (1.0 = linear)."""
     speedup = samples_per_s / base_samples_per_s
@@ -111,6 +127,7 @@ def figures(run: Run, baseline: Run | None = None) -> dict:
            "stopped": run.stopped}
     if out["gpu_time_s"] is not None:
         out["gpu_hours"] = out["gpu_time_s"] / 3600
+    out["data_wait"] = data_wait(run)
     phases = phase_breakdown(run)
     total = sum(phases.values())
     out["phase_share"] = {k: v / total for k, v in phases.items()} if total else {}
@@ -145,6 +162,12 @@ def format_report(f: dict) -> str:
                   f"scaling efficiency      {f['scaling_efficiency']:.1%}"]
         if "gpu_time_ratio" in f:
             lines.append(f"single-GPU time ratio   {f['gpu_time_ratio']:.2f}x the baseline's")
+    w = f.get("data_wait")
+    if w:
+        lines.append(f"data wait per epoch     mean {w['mean']:.1%}, highest {w['max']:.1%} (epoch {w['epoch']}, "
+                     f"rank {w['rank']})")
+        if w["warning"]:
+            lines.append(f"input-bound             {w['warning'].split('warning: ', 1)[-1]}")
     if f["phase_share"]:
         order = [k for k in PHASE_ORDER if k in f["phase_share"]] + sorted(set(f["phase_share"]) - set(PHASE_ORDER))
         lines.append("time per phase          " + ", ".join(f"{k} {f['phase_share'][k]:.1%}" for k in order))

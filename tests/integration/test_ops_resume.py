@@ -1,5 +1,9 @@
-"""Checkpoint/restart of the CLI job: bit-identical resume, kill during a write, another world size,
-and the merged timeline of a real run."""
+"""Checkpoint/restart of the CLI job: bit-identical resume (stopped, or a rank killed with SIGKILL,
+mid-epoch), kill during a write, another world size, and the merged timeline of a real run.
+
+Every run trains with augmentation (pad-crop and flip on digits): a resumed epoch must crop and
+flip its remaining batches exactly as the uninterrupted run did (issue 33: they once took the
+draws of the epoch's first batches, so only epoch-boundary resumes matched)."""
 import json
 import os
 
@@ -10,7 +14,7 @@ from hpctrain.ops import checkpoint as ck
 from tests.integration.mpirun import mpirun
 
 K = 15                  # not a multiple of the 22 steps per epoch: the resume lands mid-epoch
-ARGS = ["-m", "hpctrain", "--no-progress", "--set", "train.eval_every=0"]
+ARGS = ["-m", "hpctrain", "--no-progress", "--set", "train.eval_every=0", "--set", "data.augment=true"]
 
 
 def run(n, run_dir, *extra, env=None):
@@ -47,6 +51,26 @@ def test_resume_is_bit_identical(straight, tmp_path):
     assert oa.keys() == ob.keys() and all(torch.equal(oa[i]["momentum_buffer"], ob[i]["momentum_buffer"]) for i in oa)
     summary = json.loads(open(tmp_path / "metrics.jsonl").readlines()[-1])
     assert summary["event"] == "summary" and summary["start_step"] == K and summary["steps"] == 2 * K
+
+
+def assert_same_weights(run_a, run_b, step):
+    (step_a, a), (step_b, b) = final_state(run_a), final_state(run_b)
+    assert step_a == step_b == step
+    for key, ta in a["trainer"]["model"].items():
+        assert torch.equal(ta, b["trainer"]["model"][key]), key          # bit for bit
+
+
+def test_rank_killed_mid_epoch_then_resume_auto_is_bit_identical(straight, tmp_path):
+    """``kill -9`` of rank 0 while it writes the step-16 checkpoint (the other rank goes down with
+    the job), then ``--resume auto`` from step 8 of epoch 0: the straight run's weights at 2K."""
+    every = ["--set", "ckpt.every_steps=8"]           # when checkpoints are written; not the training
+    r, _ = mpirun(2, [*ARGS, "--run-dir", str(tmp_path), "--max-steps", str(2 * K), *every],
+                  env={"HPCTRAIN_INJECT_KILL": "checkpoint:2"}, timeout=300)
+    assert r.returncode != 0
+    r = run(2, tmp_path, "--max-steps", str(2 * K), *every, "--resume", "auto")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"resumed from {tmp_path}/checkpoints/{ck.checkpoint_name(8)}: step 8, epoch 0, step 8" in r.stderr
+    assert_same_weights(straight, tmp_path, 2 * K)
 
 
 def test_timeline_has_every_rank(straight):

@@ -4,6 +4,8 @@ On the CPU both paths run the same float32 operations on the same bytes, so the 
 bit-identical (torch.equal, no tolerance): training, evaluation and Final Polishing see the same
 inputs whichever side normalises and augments.
 """
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -34,7 +36,7 @@ def pair(d, transform=None, **kw):
 
 def prepared(loader, epoch, skip=0, augment=True):
     """The consumer's side, as the job does it: the epoch's prep on each (copied) batch."""
-    prep = loader.batch_prep(epoch, augment)
+    prep = loader.batch_prep(epoch, augment, skip)
     return [(prep(x), y) for x, y in loader.epoch(epoch, skip=skip, augment=augment)]
 
 
@@ -56,7 +58,7 @@ def test_raw_batches_prepared_after_the_copy_equal_the_loaders(images, kind, pre
     host.close(), raw.close()
 
 
-def test_host_loader_needs_no_prep_and_resume_restarts_the_generator(images):
+def test_host_loader_needs_no_prep_and_resumes_like_raw(images):
     host, raw = pair(images, Augment("padcrop"), prefetch=2)
     x = torch.zeros(2)
     assert host.batch_prep(0)(x) is x                           # the thread has done it
@@ -84,15 +86,29 @@ def test_normalize_of_a_tensor_equals_normalize_of_its_array():
     assert torch.equal(norm(f), norm(x)) and torch.equal(f, torch.from_numpy(x.astype(np.float32)))
 
 
-def test_batch_prep_augments_with_its_generator_in_batch_order():
+def test_batch_prep_augments_each_batch_with_its_own_generator():
     x = np.random.default_rng(2).integers(0, 256, (6, 3, 8, 8), dtype=np.uint8)
     norm, aug = Normalize({}, 3), Augment("padcrop")
-    prep = BatchPrep(norm, aug, generator_for(0, 1, 0))
-    gen = generator_for(0, 1, 0)
-    for _ in range(2):
-        assert torch.equal(prep(x), aug(norm(x), gen))
+    prep = BatchPrep(norm, aug, functools.partial(generator_for, 0, 1, 0), step=3)
+    for step in (3, 4):                                          # calls are batches 3, 4, … in order
+        assert torch.equal(prep(x), aug(norm(x), generator_for(0, 1, 0, step)))
+    assert not torch.equal(aug(norm(x), generator_for(0, 1, 0, 3)), aug(norm(x), generator_for(0, 1, 0, 4)))
     with pytest.raises(ValueError, match="generator"):
         BatchPrep(norm, aug)
+
+
+@pytest.mark.parametrize("kind", ["padcrop", "rrc", "flip"])
+@pytest.mark.parametrize("raw_side", [False, True])
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_a_batch_is_augmented_alike_whether_or_not_earlier_batches_were_drawn(images, kind, raw_side, prefetch):
+    """Resuming at batch k (``skip=k``: batches 0..k-1 never drawn) gives batches k.. exactly as
+    the whole epoch does: augmentation is a function of (seed, epoch, rank, step), not of history
+    (a generator per epoch, restarted at the resume point, gave batch k the crops of batch 0)."""
+    loader = pair(images, Augment(kind), prefetch=prefetch)[raw_side]
+    whole = prepared(loader, 2)
+    for k in (1, 4):
+        assert_same(whole[k:], prepared(loader, 2, skip=k))
+    loader.close()
 
 
 def test_raw_batches_are_pinned_only_when_cuda_is_available(images, monkeypatch):
