@@ -215,7 +215,7 @@ def startup_line(job: Job) -> str:
             f"{describe_lr(job.cfg.optim, job.loader.global_batch)}")
 
 
-def show_progress(bar, loss_sum: torch.Tensor, n: int, lr: float) -> None:
+def show_progress(bar, loss_sum: torch.Tensor, n: int, lr: float | None) -> None:
     """One step on the progress bar; the mean loss is read (a host sync on a GPU: the host
     waits for the step's kernels) only when tqdm redraws, a few times a second, not every
     step (issue 34, N6). ``tqdm.update`` returns True when it redrew."""
