@@ -41,7 +41,7 @@ def grads_after(strategy, codec, overlap, channels_last, topo, closer, rounds=2)
 
 @pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("codec", ["none", "fp16"])
-@pytest.mark.parametrize("strategy", sorted(comm_lib.STRATEGIES))
+@pytest.mark.parametrize("strategy", ["flat", "hierarchical"])     # "auto" picks one of them
 def test_channels_last_grads_are_strided_bucket_views_with_the_same_means(strategy, codec, overlap, closer):
     topo = closer(Topology.create(MPI.COMM_WORLD, ranks_per_node=1))
     plain, _ = grads_after(strategy, codec, overlap, False, topo, closer)
