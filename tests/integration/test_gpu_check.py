@@ -18,6 +18,9 @@ _loader.exec_module(gpu_check)
 
 
 def test_dry_run_runs_or_skips_every_step_with_its_reason(tmp_path):
+    """Run from a process with MPI initialised (other test files in this worker import it):
+    its singleton's variables reach the driver, which must not pass them to mpiexec."""
+    from mpi4py import MPI  # noqa: F401
     r = subprocess.run([sys.executable, SCRIPT, "--cpu", "--python", sys.executable, str(tmp_path)],
                        capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert r.returncode == 0, (r.stdout, r.stderr)
@@ -38,6 +41,13 @@ def test_dry_run_runs_or_skips_every_step_with_its_reason(tmp_path):
     log = (tmp_path / "log.txt").read_text()
     assert "tests/mpi/test_gpu_sync.py" in log and "train.device=cuda" in log
     assert "| fp32 |" in (tmp_path / "summary.md").read_text()
+
+
+def test_launch_env_drops_what_an_mpi_process_leaves_for_its_children():
+    env = {"PMIX_SERVER_URI4": "x", "PMIX_RANK": "0", "PMIX_MCA_psec": "native", "OMPI_MCA_ess": "singleton",
+           "OMPI_MCA_rmaps_base_oversubscribe": "1", "OMPI_COMM_WORLD_SIZE": "1", "PATH": "/bin"}
+    assert gpu_check.launch_env(env) == {"PMIX_MCA_psec": "native", "OMPI_MCA_rmaps_base_oversubscribe": "1",
+                                         "PATH": "/bin"}
 
 
 def step(argv, timeout_s=10, min_s=1, gpu_only=False):
