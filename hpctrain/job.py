@@ -17,7 +17,7 @@ import torch
 from mpi4py import MPI
 
 from hpctrain import comm as comm_lib
-from hpctrain import gpu_settings
+from hpctrain import gpu_settings, kernels
 from hpctrain.api import bind_device
 from hpctrain.config import Config
 from hpctrain.data import (ShardLoader, ShardSet, eval_batches, eval_prep, open_split_from_config, read_index,
@@ -87,6 +87,8 @@ def setup(cfg: Config, comm: MPI.Comm, stack: contextlib.ExitStack, done=None) -
     done("topology", 0.0, 0.0)
     device = _agreed(comm, bind_device, topo, cfg.train.device)
     gpu_settings.apply(cfg.train)
+    if device.type == "cuda":   # CuPy's NVRTC tried once now, not at the first kernel mid-run
+        kernels.backend()
     raw = raw_batches(device)
     index = _agreed(comm, _data_index, cfg, topo)
     done("data index", 0.0, 0.0)
@@ -215,10 +217,19 @@ def startup_line(job: Job) -> str:
             f"{describe_lr(job.cfg.optim, job.loader.global_batch)}")
 
 
+def show_progress(bar, loss_sum: torch.Tensor, n: int, lr: float | None) -> None:
+    """One step on the progress bar; the mean loss is read (a host sync on a GPU: the host
+    waits for the step's kernels) only when tqdm redraws, a few times a second, not every
+    step (issue 34, N6). ``tqdm.update`` returns True when it redrew."""
+    if bar.update(1):
+        bar.set_postfix(loss=f"{float(loss_sum) / n:.3f}", lr=f"{lr:.3g}")
+
+
 def describe_device(device: torch.device, want: str) -> str:
     """``cuda:1 (auto: local rank mod 2 visible GPUs)``, ``cpu (auto: no CUDA device)``, ``cpu``."""
     if device.type == "cuda":
-        return f"{device} ({want}: local rank mod {torch.cuda.device_count()} visible GPU(s))"
+        return (f"{device} ({want}: local rank mod {torch.cuda.device_count()} visible GPU(s); "
+                f"kernels: {kernels.backend()[1]})")
     return f"{device} (auto: no CUDA device)" if want == "auto" else str(device)
 
 
@@ -304,8 +315,7 @@ def train(job: Job, ckpt: Checkpointer, stop: StopSignal, resumed, log: MetricsL
             n += 1
             progress.samples += loader.global_batch
             if bar:
-                bar.update(1)
-                bar.set_postfix(loss=f"{float(loss_sum) / n:.3f}", lr=f"{lr:.3g}", refresh=False)
+                show_progress(bar, loss_sum, n, lr)
             if ckpt.due(trainer.step_count):
                 with busy(watchdog, "checkpoint"):
                     ckpt.save(trainer)

@@ -109,7 +109,7 @@ def multi_tensor_sq_norms(tensors) -> tuple[Array, Array]:
         return sq_norms.reference([])
     kind = _args.common_family(tensors, "multi_tensor_sq_norms")
     on_gpu = _use_cuda(kind)
-    _args.check_tensors(tensors, "float32", "multi_tensor_sq_norms tensors")
+    _args.check_tensors(tensors, "float32", "multi_tensor_sq_norms tensors", dense=True)
     _args.check_one_device(tensors, "multi_tensor_sq_norms")
     if on_gpu:
         return sq_norms.cuda(tensors)
@@ -117,13 +117,18 @@ def multi_tensor_sq_norms(tensors) -> tuple[Array, Array]:
     return _as_numpy(per_tensor_sq, kind), _as_numpy(global_norm, kind)
 
 
+def _strides(x) -> tuple:
+    return tuple(x.stride()) if hasattr(x, "stride") and callable(x.stride) else ()
+
+
 def lars_update(params, grads, momentum_buffers, step, weight_decay, momentum, nesterov=False) -> None:
     """In place: `u = step[t]*(g + weight_decay*w); v = momentum*v + u; w -= v`
     (nesterov: `w -= u + momentum*v`) for every tensor t.
 
     `step` is a float or a 1-D fp32 array with one entry per tensor (`lr * trust_ratio`), on
-    the tensors' device; all tensors fp32 and contiguous, `grads[t]` and
-    `momentum_buffers[t]` shaped like `params[t]`.
+    the tensors' device; all tensors fp32 and dense, `grads[t]` and `momentum_buffers[t]`
+    shaped and laid out like `params[t]` (contiguous, or channels_last like a channels_last
+    parameter and its bucket's gradient view: the update is element-wise in memory order).
     """
     params, grads, bufs = list(params), list(grads), list(momentum_buffers)
     if not (len(params) == len(grads) == len(bufs)):
@@ -136,10 +141,13 @@ def lars_update(params, grads, momentum_buffers, step, weight_decay, momentum, n
     kind = _args.common_family(arrays, "lars_update")
     on_gpu = _use_cuda(kind)
     for what, group in (("params", params), ("grads", grads), ("momentum_buffers", bufs)):
-        _args.check_tensors(group, "float32", f"lars_update {what}")
+        _args.check_tensors(group, "float32", f"lars_update {what}", dense=True)
     for i, (p, g, v) in enumerate(zip(params, grads, bufs)):
         if tuple(p.shape) != tuple(g.shape) or tuple(p.shape) != tuple(v.shape):
             raise ValueError(f"lars_update: shapes differ at {i}: {p.shape}, {g.shape}, {v.shape}")
+        if not (_args.same_layout(p, g) and _args.same_layout(p, v)):
+            raise ValueError(f"lars_update: memory layouts differ at {i} (strides {_strides(p)}, "
+                             f"{_strides(g)}, {_strides(v)})")
     if per_tensor:
         _args.check_flat(step, "float32", len(params), "lars_update step")
     _args.check_one_device(arrays, "lars_update")

@@ -43,17 +43,44 @@ def is_contiguous(x) -> bool:
     return x.is_contiguous() if isinstance(x, torch.Tensor) else bool(x.flags.c_contiguous)
 
 
+def is_dense(x) -> bool:
+    """Do ``x``'s elements fill one block of memory without gaps or overlaps, in some order
+    (contiguous, channels_last, any permutation of a contiguous tensor)? An element-wise kernel
+    over ``numel`` elements from the first address then touches exactly ``x``'s elements."""
+    if not isinstance(x, torch.Tensor):
+        return is_contiguous(x)
+    expected = 1
+    for stride, size in sorted((st, sz) for st, sz in zip(x.stride(), x.shape) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def same_layout(a, b) -> bool:
+    """Element i of ``a`` and of ``b`` at the same offset in memory: both dense, equal strides
+    (size-1 dimensions aside). What an element-wise kernel over several tensors needs."""
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return is_contiguous(a) and is_contiguous(b)
+    if a.is_contiguous() and b.is_contiguous():
+        return True
+    strides = [(sa, sb) for sa, sb, sz in zip(a.stride(), b.stride(), a.shape) if sz != 1]
+    return is_dense(a) and is_dense(b) and all(sa == sb for sa, sb in strides)
+
+
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
 
-def check_tensors(tensors, dtype, what) -> None:
+def check_tensors(tensors, dtype, what, dense: bool = False) -> None:
+    """dtype, and contiguity (``dense``: any dense layout, for kernels that do not care about
+    the order of elements, e.g. norms, or that take several tensors of one layout)."""
     want = _TORCH_DTYPES[dtype]
     for i, t in enumerate(tensors):
         if isinstance(t, torch.Tensor) and t.dtype is want and t.is_contiguous():
             continue  # fast path for the common case
         check_dtype(t, dtype, f"{what}[{i}]")
-        if not is_contiguous(t):
-            raise ValueError(f"{what}[{i}] must be contiguous")
+        if not (is_dense(t) if dense else is_contiguous(t)):
+            raise ValueError(f"{what}[{i}] must be {'dense' if dense else 'contiguous'}")
 
 
 def check_flat(buf, dtype, total, what) -> None:

@@ -15,6 +15,7 @@ options=)`, `cuda.runtime.getDeviceCount`/`runtimeGetVersion`, `cuda.Device`,
 decided in `_cupy_view_of`. No DLPack hop is used (raw addresses), so `cupy.from_dlpack` /
 `fromDlpack` differences do not arise. Older CuPy is reported by `probe()` as unusable.
 """
+import collections
 import contextlib
 import functools
 from collections.abc import Iterator
@@ -29,7 +30,7 @@ from ._table import build_table
 INSTALL_HINT = ("pip install 'hpctrain[cuda]' (cupy-cuda12x, CUDA 12 drivers) or "
                 "'hpctrain[cuda13]' (cupy-cuda13x, CUDA 13 drivers)")
 MIN_CUPY_MAJOR = 12
-_TABLE_CACHE_LEN = 32
+_TABLE_CACHE_LEN = 512
 
 Array = Any
 """A torch tensor, NumPy array or CuPy array, as the kernels take and return them (CuPy has no
@@ -69,7 +70,26 @@ def probe() -> tuple[Any, str]:
         return None, (f"cupy {cupy.__version__} installed but no CUDA device "
                       "(cupy.is_available() is False)")
     n_devices = cupy.cuda.runtime.getDeviceCount()
+    failed = nvrtc_failure(cupy)
+    if failed:
+        return None, f"cupy {cupy.__version__} cannot compile kernels ({failed}): torch path"
     return cupy, f"cupy {cupy.__version__} (CUDA {cuda_runtime_version(cupy)}), {n_devices} CUDA device(s)"
+
+
+PROBE_SOURCE = 'extern "C" __global__ void hpc_probe(float* x) { x[threadIdx.x] += 1.0f; }'
+
+
+def nvrtc_failure(cupy) -> str:
+    """Compile a one-line kernel with NVRTC, the way :func:`function` compiles the real ones;
+    "" if that works, else the error in one line. ``cupy.is_available()`` only asks for a
+    device: a CuPy whose NVRTC library is missing or too old for the driver passes it and then
+    fails at the first kernel compile, mid-run (issue 34, N4). Asked once, by :func:`probe`."""
+    try:
+        cupy.RawModule(code=PROBE_SOURCE, options=("-std=c++17",)).get_function("hpc_probe")
+    except Exception as exc:  # NVRTCError, CompileException, a missing libnvrtc: one line
+        text = " ".join(str(exc).split())
+        return f"NVRTC compile failed: {type(exc).__name__}: {text[:160]}"
+    return ""
 
 
 def require_cupy() -> Any:
@@ -143,42 +163,63 @@ def _cupy_view_of(torch_stream, dev, cupy=None) -> Any:
     return external(torch_stream.cuda_stream, dev)
 
 
-_TABLES: dict[tuple, Any] = {}     # key -> (table, n_chunks) or an address array
+class TableCache:
+    """Device tables and address arrays by key, least recently used out first.
+
+    Why LRU and why this size: the keys hold buffer addresses, and gradient buffers alternate
+    between two addresses from step to step (double-buffered buckets), so a step touches about
+    twice as many keys as it has tables. A 32-entry FIFO with fp16 staging and LARS over five
+    or more buckets evicted each table just before its next use and missed every lookup (issue
+    34, N7). Each entry is a few hundred bytes of device memory; ``hits``/``misses`` count
+    lookups (the tests assert a warm step misses nothing)."""
+
+    def __init__(self, capacity: int = _TABLE_CACHE_LEN):
+        self.capacity, self.hits, self.misses = capacity, 0, 0
+        self._entries: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
+
+    def get(self, key: tuple, make) -> Any:
+        hit = self._entries.get(key)
+        if hit is not None:
+            self.hits += 1
+            self._entries.move_to_end(key)
+            return hit
+        self.misses += 1
+        hit = self._entries[key] = make()
+        if len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
+        return hit
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+_TABLES = TableCache()     # key -> (table, n_chunks) or an address array
 
 
 def device_table(tensors) -> tuple[Any, int]:
     """`(device int64 table, n_chunks)` for `tensors`; call inside `launch_scope`.
 
-    Cached by (device, stream, addresses, sizes): gradient buffers are stable across steps, so
-    the host-to-device copy happens once. The stream is in the key because the upload is
-    ordered on the stream it was made on.
+    Cached by (device, stream, addresses, sizes) in :data:`_TABLES`: gradient buffers are
+    stable across steps (two per bucket, alternating), so each host-to-device copy happens
+    once. The stream is in the key because the upload is ordered on the stream it was made on.
     """
     cupy = require_cupy()
     addrs = tuple(address(t) for t in tensors)
     sizes = tuple(n_elems(t) for t in tensors)
-    key = (cupy.cuda.Device().id, cupy.cuda.get_current_stream().ptr, addrs, sizes)
-    hit = _TABLES.get(key)
-    if hit is None:
+    key = ("table", cupy.cuda.Device().id, cupy.cuda.get_current_stream().ptr, addrs, sizes)
+
+    def make():
         table, n_chunks = build_table(addrs, sizes)
-        hit = (cupy.asarray(table), n_chunks)
-        if len(_TABLES) >= _TABLE_CACHE_LEN:
-            _TABLES.pop(next(iter(_TABLES)))
-        _TABLES[key] = hit
-    return hit
+        return cupy.asarray(table), n_chunks
+    return _TABLES.get(key, make)
 
 
 def device_addresses(arrays) -> Any:
     """Device int64 array of the arrays' addresses (cached like `device_table`)."""
     cupy = require_cupy()
     addrs = tuple(address(a) for a in arrays)
-    key = (cupy.cuda.Device().id, cupy.cuda.get_current_stream().ptr, addrs)
-    hit = _TABLES.get(key)
-    if hit is None:
-        hit = cupy.asarray(np.asarray(addrs, dtype=np.uint64).view(np.int64))
-        if len(_TABLES) >= _TABLE_CACHE_LEN:
-            _TABLES.pop(next(iter(_TABLES)))
-        _TABLES[key] = hit
-    return hit
+    key = ("addresses", cupy.cuda.Device().id, cupy.cuda.get_current_stream().ptr, addrs)
+    return _TABLES.get(key, lambda: cupy.asarray(np.asarray(addrs, dtype=np.uint64).view(np.int64)))
 
 
 def launch(fn, n_blocks, args) -> None:

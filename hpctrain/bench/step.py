@@ -14,6 +14,12 @@ synthetic data, per-rank batch ``--batch``. Contenders (``--configs``):
               nothing runs), and ``STRATEGY[+fp16][+overlap]`` (e.g. ``flat``,
               ``hierarchical+overlap``, ``flat+fp16``).
 
+Where (``--device``, default ``auto``): on a GPU node every rank's model, data, optimiser state
+and DDP live on its GPU (``hpctrain.api.bind_device``; DDP with ``device_ids``, gloo moving
+CUDA tensors), and each timed run ends with a device synchronisation, so a figure is the GPU's
+time, not the time to queue kernels; elsewhere on the CPU. The row and the header say which
+device gave the figure (issue 34, N3: before, nothing here used the GPU). Not yet run on a GPU.
+
 Every contender holds its own replica (same initial weights, same data). A round runs every
 contender for ``--steps`` timed steps (after ``--warmup`` untimed ones in the first round) in an
 order that rotates from round to round, so background load on a shared host hits all of them
@@ -34,10 +40,12 @@ import torch
 from mpi4py import MPI
 from torch import nn
 
+from hpctrain.api import bind_device
 from hpctrain.bench.allreduce import init_gloo
 from hpctrain.bench.args import add_round_args, check_round_args
 from hpctrain.bench.report import run_mpi_bench
 from hpctrain.config import CommConfig
+from hpctrain.errors import ConfigError
 from hpctrain.models import build_model
 from hpctrain.topology import Topology
 from hpctrain.trainer import DistributedTrainer
@@ -45,6 +53,7 @@ from hpctrain.trainer import DistributedTrainer
 DEFAULT_MODELS = "digits_cnn,resnet20,mlp"
 DEFAULT_CONFIGS = ("nocomm,ddp,horovod,default,flat,flat+overlap,hierarchical,hierarchical+overlap,"
                    "flat+fp16,flat+fp16+overlap")
+CPU = torch.device("cpu")
 INPUTS = {"digits_cnn": (1, 8, 8), "resnet20": (3, 32, 32), "mlp": (1, 8, 8)}
 
 
@@ -110,14 +119,15 @@ def plain_step(forward: nn.Module, opt, loss_fn):
     return step
 
 
-def build(name: str, base: nn.Module, topo: Topology, dist) -> Contender | None:
-    """The contender called ``name`` on a copy of ``base`` (None: not available here)."""
-    model = copy.deepcopy(base)
+def build(name: str, base: nn.Module, topo: Topology, dist, device=CPU) -> Contender | None:
+    """The contender called ``name`` on a copy of ``base`` on ``device`` (None: not available here)."""
+    model = copy.deepcopy(base).to(device)
     loss_fn = nn.CrossEntropyLoss()
     if name == "nocomm":
         return Contender(name, model, plain_step(model, sgd(model), loss_fn))
     if name == "ddp":
-        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        ids = [device.index] if device.type == "cuda" else None
+        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
         return Contender(name, model, plain_step(ddp, sgd(ddp), loss_fn))
     if name == "horovod":
         if not horovod_available():
@@ -133,14 +143,30 @@ def build(name: str, base: nn.Module, topo: Topology, dist) -> Contender | None:
     return Contender(name, model, trainer.step, trainer.close, describe=(lambda: text) if text else None)
 
 
-def time_steps(comm: MPI.Comm, contender: Contender, data, steps: int) -> float:
-    """Seconds per step over ``steps`` steps, the slowest rank's."""
+def settle(device: torch.device) -> None:
+    """Wait for the device's queued work (a GPU runs behind the host; the CPU does not)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_steps(comm: MPI.Comm, contender: Contender, data, steps: int, device=CPU) -> float:
+    """Seconds per step over ``steps`` steps, the slowest rank's (device work included)."""
     x, y = data
+    settle(device)
     comm.Barrier()
     t0 = time.perf_counter()
     for _ in range(steps):
         contender.step(x, y)
+    settle(device)
     return comm.allreduce(time.perf_counter() - t0, op=MPI.MAX) / steps
+
+
+def make_data(model_name: str, batch: int, rank: int, device=CPU) -> tuple[torch.Tensor, torch.Tensor]:
+    """A rank's synthetic batch (drawn on the CPU, the same for any device), on ``device``."""
+    g = torch.Generator().manual_seed(1000 + rank)
+    x = torch.randn(batch, *INPUTS[model_name], generator=g)
+    y = torch.randint(0, 10, (batch,), generator=g)
+    return x.to(device), y.to(device)
 
 
 def paired_ratios(base: list[float], times: list[float]) -> float:
@@ -148,32 +174,31 @@ def paired_ratios(base: list[float], times: list[float]) -> float:
     return statistics.median(b / t for b, t in zip(base, times))
 
 
-def measure_model(args, comm, topo, dist, model_name: str) -> list[dict]:
+def measure_model(args, comm, topo, dist, model_name: str, device=CPU) -> list[dict]:
     torch.manual_seed(0)
     base = make_model(model_name)
     n_params = sum(p.numel() for p in base.parameters())
-    g = torch.Generator().manual_seed(1000 + comm.Get_rank())
-    data = (torch.randn(args.batch, *INPUTS[model_name], generator=g),
-            torch.randint(0, 10, (args.batch,), generator=g))
+    data = make_data(model_name, args.batch, comm.Get_rank(), device)
     contenders = []
     with contextlib.ExitStack() as stack:
         for name in args.configs:
-            c = build(name, base, topo, dist)
+            c = build(name, base, topo, dist, device)
             if c is not None:
                 stack.callback(c.close)
                 contenders.append(c)
         for c in contenders:                     # warm-up: allocation, lazy set-up, caches
-            time_steps(comm, c, data, args.warmup)
+            time_steps(comm, c, data, args.warmup, device)
         times: dict[str, list[float]] = {c.name: [] for c in contenders}
         for r in range(args.rounds):
             for k in range(len(contenders)):
                 c = contenders[(k + r) % len(contenders)]
-                times[c.name].append(time_steps(comm, c, data, args.steps))
+                times[c.name].append(time_steps(comm, c, data, args.steps, device))
     base_times = times.get("ddp")
     rows = []
     for c in contenders:
         t = times[c.name]
         rows.append({"model": model_name, "n_params": n_params, "config": c.name, "describe": c.describe(),
+                     "device": str(device),
                      "world_size": comm.Get_size(), "batch_per_rank": args.batch,
                      "step_ms": statistics.median(t) * 1e3, "rounds_ms": [v * 1e3 for v in t],
                      "x_ddp": paired_ratios(base_times, t) if base_times else None})
@@ -182,9 +207,14 @@ def measure_model(args, comm, topo, dist, model_name: str) -> list[dict]:
 
 def measure(args, comm) -> list[dict]:
     topo = Topology.create(comm, args.ranks_per_node)
+    try:
+        device = bind_device(topo, getattr(args, "device", "auto"))
+    except ConfigError as exc:
+        topo.close()
+        raise SystemExit(f"bench step --device: {exc}") from None
     dist = init_gloo(comm) if "ddp" in args.configs else None
     try:
-        return [row for m in args.models for row in measure_model(args, comm, topo, dist, m)]
+        return [row for m in args.models for row in measure_model(args, comm, topo, dist, m, device)]
     finally:
         if dist is not None:
             dist.destroy_process_group()
@@ -207,12 +237,15 @@ def parse_args(argv):
     p = argparse.ArgumentParser(prog="hpctrain bench step", description=__doc__.split("\n")[0])
     add_round_args(p, DEFAULT_MODELS, INPUTS, configs=(DEFAULT_CONFIGS, "comma-separated contenders: nocomm, ddp, "
                                                       "horovod, default, STRATEGY[+fp16][+overlap]"))
+    p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"),
+                   help="where the models train: auto (the rank's GPU when torch sees one, else the CPU)")
     return check_round_args(p, p.parse_args(argv), INPUTS,
                             lambda c: c in ("nocomm", "ddp", "horovod") or parse_config(c))
 
 
 def header(args, comm, rows) -> str:
-    return (f"step: {comm.Get_size()} ranks, batch {args.batch}/rank, SGD momentum, synthetic data; "
+    where = rows[0].get("device", "cpu") if rows else "cpu"
+    return (f"step: {comm.Get_size()} ranks on {where}, batch {args.batch}/rank, SGD momentum, synthetic data; "
             f"median of {args.rounds} rounds of {args.steps} steps, contenders interleaved; "
             f"x DDP = median of paired ratios; 1-min load {{load}}")
 

@@ -21,7 +21,7 @@ import torch
 
 from hpctrain.comm import compression as compression_lib
 from hpctrain.comm import staging as staging_lib
-from hpctrain.comm import tuner
+from hpctrain.comm import streams, tuner
 from hpctrain.comm.buckets import DEFAULT_BUCKET_BYTES, Bucket, bucket_sizes, make_buckets
 from hpctrain.comm.progress import Pending, Reduction
 from hpctrain.comm.wire import Wire
@@ -209,10 +209,13 @@ class GradSync:
         for bucket, ready in zip(todo, readies):
             self._launch(bucket, ready)
 
-    def finish(self, scatter: bool = True) -> bool:
+    def finish(self, scatter: bool = True, check: bool = True) -> bool:
         """Wait for every bucket; with ``scatter`` bind each ``p.grad`` to its mean (a view).
 
         Returns the overflow flag: True if any mean holds inf/NaN, identical on every rank.
+        Buckets in device memory keep their flags on the device; they are read here, once for
+        the round (:func:`hpctrain.comm.streams.any_flag`), never per bucket; ``check=False``
+        (a caller with no use for the flag) reads none and returns False.
         The means stay readable in ``bucket.result`` until the next round starts; without
         ``scatter``, ``p.grad`` keeps this rank's own gradients (:meth:`scatter_means` later).
 
@@ -225,14 +228,14 @@ class GradSync:
             self.begin()
         finally:
             self.blocking_round = False
-        found_inf = False
+        flags = []      # host bools, or device flags (device buckets) read once below
         for bucket in self.buckets:
-            found_inf |= bool(self._pending.pop(bucket.index).wait())
+            flags.append(self._pending.pop(bucket.index).wait())
             if scatter:
                 bucket.scatter_grads()
         self._seen.clear()
         self._n_ready = [0] * len(self.buckets)
-        return found_inf
+        return streams.any_flag(flags) if check else False
 
     def scatter_means(self) -> None:
         """After ``finish(scatter=False)``: bind each ``p.grad`` to its mean, as ``finish`` would."""

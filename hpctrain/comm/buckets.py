@@ -40,6 +40,7 @@ import torch
 from hpctrain.comm import staging as staging_lib
 from hpctrain.comm.compression import Codec
 from hpctrain.comm.wire import Wire
+from hpctrain.kernels._args import is_dense
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20
 
@@ -62,8 +63,14 @@ class Bucket:
 
     def __post_init__(self):
         homes = self.bufs if self.staging is None else self.staging.dev
-        self.views = [[buf[off:off + p.numel()].view_as(p) for p, off in zip(self.params, self.offsets)]
+        self.views = [[grad_view(buf, off, p) for p, off in zip(self.params, self.offsets)]
                       for buf in homes]
+
+    def segment(self, j: int, i: int) -> torch.Tensor:
+        """``params[i]``'s slice of buffer set ``j`` as 1-D memory (memory order, whatever the
+        parameter's strides): what a packer reads."""
+        homes = self.bufs if self.staging is None else self.staging.dev
+        return homes[j][self.offsets[i]:self.offsets[i] + self.params[i].numel()]
 
     @property
     def wire(self) -> torch.Tensor | None:
@@ -141,11 +148,12 @@ class Bucket:
             elif g is theirs[i]:
                 v.copy_(g)
                 p.grad = g = v
-            elif g is not v and not packed:
-                v.copy_(g)
-            srcs.append(g)
+            elif g is not v and (not packed or not (g.is_contiguous() and v.is_contiguous())):
+                v.copy_(g)      # packed: a strided view is packed in memory order, from v
+                g = v
+            srcs.append(self.segment(self.k, i) if g is v else g.reshape(-1))
         if packed:          # the round's values (then the mean, in place) are in the wire
-            self.link.pack([g.reshape(-1) for g in srcs], scale)
+            self.link.pack(srcs, scale)
             self._encoded = True
 
     def scatter_grads(self) -> None:
@@ -173,6 +181,19 @@ class Bucket:
                 p.grad = p.grad.clone()
         if self.staging is not None:    # host memory unregistered before the strategy frees it
             self.staging.release()
+
+
+def grad_view(buf: torch.Tensor, offset: int, p: torch.Tensor) -> torch.Tensor:
+    """``p``'s gradient as a view of ``buf[offset:offset + p.numel()]`` with ``p``'s own strides
+    where ``p`` is densely laid out in another order (channels_last), as DDP's
+    ``gradient_as_bucket_view`` does: autograd then accumulates a channels_last gradient into
+    a channels_last view (no layout conversion each step), and the LARS kernel and torch's
+    ``_foreach`` fast path see weight and gradient laid out alike (issue 34, N5). Contiguous
+    and non-dense parameters get a contiguous view."""
+    seg = buf[offset:offset + p.numel()]
+    if p.is_contiguous() or not is_dense(p):
+        return seg.view_as(p)
+    return seg.as_strided(p.shape, p.stride())
 
 
 def _groups(params, bucket_bytes: int) -> list[list]:

@@ -69,11 +69,11 @@ class DelayedSync:
         deadline = self.deadline_s()
         return done and (deadline is None or self._clock() >= deadline)
 
-    def finish(self, scatter: bool = True) -> bool:
+    def finish(self, scatter: bool = True, check: bool = True) -> bool:
         """Wait for the real reduction, then for whatever is left of the delay."""
         self.inner.begin()                  # every bucket started: the deadline is known
         deadline = self.deadline_s()
-        found_inf = self.inner.finish(scatter=scatter)
+        found_inf = self.inner.finish(scatter=scatter, check=check)
         self._started_s.clear()
         if deadline is not None:
             remaining_s = deadline - self._clock()

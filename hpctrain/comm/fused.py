@@ -62,10 +62,22 @@ def sum_into(srcs, out: torch.Tensor, scale: float = 1.0, chunk: int = CHUNK_ELE
     return sums is not None and n > 0 and not bool(torch.isfinite(sums.sum()))
 
 
-def scale_and_check(t: torch.Tensor, scale: float = 1.0) -> bool:
+def nonfinite_flag(t: torch.Tensor) -> torch.Tensor:
+    """Does ``t`` hold inf or NaN, as a 0-d bool tensor on ``t``'s device: no host read (the
+    sum pass of :func:`nonfinite`; the caller reads it when it must, once for many)."""
+    total = t.sum(dtype=torch.float32) if t.dtype == torch.float16 else t.sum()
+    return torch.isfinite(total).logical_not()
+
+
+def scale_and_check(t: torch.Tensor, scale: float = 1.0, keep: bool = False) -> bool | torch.Tensor:
     """``t *= scale`` in place, then: does ``t`` hold inf/NaN? Two whole-tensor passes: right
     after a reduction the tensor is still in L3, where they measured faster than the chunked
-    :func:`sum_into`, which pays Python dispatch per chunk (docs/environment.md)."""
+    :func:`sum_into`, which pays Python dispatch per chunk (docs/environment.md).
+
+    ``keep`` (device memory): the answer stays on the device as a 0-d bool tensor
+    (:func:`nonfinite_flag`), read once per round by :func:`hpctrain.comm.streams.any_flag`;
+    ``bool()`` here would block the calling thread - autograd's, under ``comm.overlap`` - until
+    the compute stream drained, once per bucket (issue 34, N6)."""
     if scale != 1.0:
         t.mul_(scale)
-    return nonfinite(t)
+    return nonfinite_flag(t) if keep else nonfinite(t)

@@ -133,6 +133,7 @@ class HierarchicalSync(GradSync):
             others = [o[sl] for r, o in enumerate(outs) if r != t.local_rank]
             srcs = [seg[sl] for seg in ins]
             ring = self._rings[i]
+            found: bool | torch.Tensor      # host memory (the window): a host bool in practice
             if ring is None:
                 found = sum_into(srcs, mine, self.gather_scale, copies=others, check=True)
             else:               # level 2, across nodes: fp16 only here, the window stays fp32

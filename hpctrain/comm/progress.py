@@ -15,12 +15,17 @@ blocks; True once complete) and ``wait()``, such as a staged bucket's device-to-
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mpi4py import MPI
 
-# What a strategy's ``reduce_bucket`` is: yields lists of waitables, returns the overflow flag.
-Reduction = Generator[list, None, bool]
+if TYPE_CHECKING:
+    import torch
+
+# What a strategy's ``reduce_bucket`` is: yields lists of waitables, returns the overflow flag: a
+# host bool, or for buckets in device memory a 0-d bool tensor there (read once per round:
+# hpctrain.comm.streams.any_flag).
+Reduction = Generator[list, None, "bool | torch.Tensor"]
 
 
 def test_all(reqs) -> bool:

@@ -128,11 +128,14 @@ class RingBuffers:
     (:func:`nonblocking_mpi_ok` of ``device``) whether its non-blocking rounds may use MPI's
     ``Iallreduce``; where not, the ring's buffers are allocated for them too."""
 
-    __slots__ = ("recv", "scratch", "bounds", "method", "nbc_ok", "stream", "step_done")
+    __slots__ = ("recv", "scratch", "bounds", "method", "nbc_ok", "stream", "step_done", "on_device")
 
     def __init__(self, n_elems: int, dtype, n_ranks: int, codec, method: str = "ring", device="cpu"):
         self.bounds = chunk_bounds(n_elems, n_ranks)
         self.method = method if n_ranks > 1 else "ring"
+        # Device memory (AS_TENSOR; tests add "cpu"): the overflow flag stays on the device
+        # (fused.scale_and_check ``keep``), read once per round by GradSync.finish.
+        self.on_device = torch.device(device).type in AS_TENSOR
         self.nbc_ok = self.method == "ring" or nonblocking_mpi_ok(device)
         largest = max((b - a for a, b in zip(self.bounds, self.bounds[1:])), default=0)
         largest = largest if n_ranks > 1 and (self.method == "ring" or not self.nbc_ok) else 0
@@ -178,10 +181,11 @@ def allreduce_bucket(buf: RingBuffers, comm: MPI.Comm, codec, src: torch.Tensor,
     n, r = comm.Get_size(), comm.Get_rank()
     if src.numel() == 0:
         return False
+    keep = buf.on_device        # the overflow flag stays on the device: no host sync per bucket
     if n == 1:
         if dst is not src:
             dst.copy_(src)
-        return scale_and_check(dst, scale)
+        return scale_and_check(dst, scale, keep)
     route = "ring" if buf.method == "ring" else mpi_route(blocking, buf.nbc_ok)
     if route != "ring":                 # every rank holds MPI's identical result
         send = MPI.IN_PLACE if src.data_ptr() == dst.data_ptr() else _arr(src)
@@ -189,7 +193,7 @@ def allreduce_bucket(buf: RingBuffers, comm: MPI.Comm, codec, src: torch.Tensor,
             comm.Allreduce(send, _arr(dst), op=MPI.SUM)
         else:
             yield [comm.Iallreduce(send, _arr(dst), op=MPI.SUM)]
-        return scale_and_check(dst, scale)
+        return scale_and_check(dst, scale, keep)
     bounds, right, left = buf.bounds, (r + 1) % n, (r - 1) % n
 
     def part(i):
@@ -210,11 +214,16 @@ def allreduce_bucket(buf: RingBuffers, comm: MPI.Comm, codec, src: torch.Tensor,
                comm.Irecv(_msg(tmp), left, TAG_SCATTER)]
         last = s == n - 2
         with _on(buf.stream):
-            found = codec.reduce(dst[recv], tmp, buf.scratch, check=last, src=src[recv],
+            found = codec.reduce(dst[recv], tmp, buf.scratch, check=last and not keep, src=src[recv],
                                  scale=scale if last else 1.0)
             if buf.stream is not None:
                 buf.step_done.event.record(buf.stream)
     yield from _settled(buf.step_done)  # the allgather sends the chunk completed last
+    if keep:    # every rank ends with the same bytes: the device flag of the whole result
+        for s in range(n - 1):  # agrees everywhere, with no flag to exchange and no host read
+            send, recv = part(r - s + 1), part(r - s)
+            yield [comm.Isend(_msg(dst[send]), right, TAG_GATHER), comm.Irecv(_msg(dst[recv]), left, TAG_GATHER)]
+        return scale_and_check(dst, 1.0, keep=True)
     flag = np.array([found], dtype=np.uint8)
     reqs = [comm.Iallreduce(MPI.IN_PLACE, flag, op=MPI.MAX)]
     for s in range(n - 1):

@@ -7,7 +7,8 @@ devices. No GPU is at hand where this is developed, so the ordering of those cal
 stream waits on what, when the host blocks, what is recorded before memory is released) is
 checked on CPU stand-ins by substituting a recording fake (``tests/unit/fake_cuda.py``) that
 claims CPU tensors as its device's: the copies and kernels run for real on the CPU, and the
-calls are logged.
+calls are logged. Every host read of a device flag in the comm layer goes through
+:func:`host_read` too, so the fake counts the host syncs a round makes.
 """
 from __future__ import annotations
 
@@ -31,6 +32,29 @@ class TorchCuda:
 
     def stream(self, s) -> torch.cuda.StreamContext:
         return torch.cuda.stream(s)
+
+    def host_read(self, flag: torch.Tensor) -> bool:
+        """Read a device flag on the host: the host waits for every kernel queued before it."""
+        return bool(flag)
+
+
+def host_read(flag) -> bool:
+    """The one way the comm layer reads a device-side flag on the host (a host sync on a GPU),
+    through :data:`API` so the CPU fake counts it; host values (bool, NumPy) pass through."""
+    if isinstance(flag, torch.Tensor):
+        return API.host_read(flag)
+    return bool(flag)
+
+
+def any_flag(flags) -> bool:
+    """OR of a round's overflow flags: host bools as they are, device flags (0-d bool tensors,
+    :func:`hpctrain.comm.fused.scale_and_check` with ``keep``) combined on the device and read
+    once (issue 34, N6: one host read per round instead of one per bucket)."""
+    found = any(bool(f) for f in flags if not isinstance(f, torch.Tensor))
+    on_device = [f for f in flags if isinstance(f, torch.Tensor)]
+    if on_device and not found:
+        found = host_read(torch.stack(on_device).any() if len(on_device) > 1 else on_device[0])
+    return found
 
 
 API = TorchCuda()

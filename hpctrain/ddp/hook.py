@@ -169,7 +169,7 @@ class HookState:
         of buckets DDP no longer has (after its rebuild)."""
         inflight, self._inflight = self._inflight, []
         for sync, fut in inflight:
-            sync.finish(scatter=False)
+            sync.finish(scatter=False, check=False)     # DDP has no use for the overflow flag
             fut.set_result(sync.buckets[0].result)
         for key in [k for k in self._syncs if k not in self._used]:
             self._syncs.pop(key).close()

@@ -28,8 +28,10 @@ All per-layer arithmetic stays on the device: norms come from one multi-tensor c
 (``kernels.multi_tensor_sq_norms`` when the ``kernels`` package imports, else
 ``torch._foreach_norm``), zero norms are handled with ``torch.where`` (no ``if norm != 0``
 host sync per parameter, cf. timm), and updates use ``torch._foreach_*`` - about six small
-kernels per layer on a GPU - except where ``kernels.lars_update`` can run it: contiguous fp32
-CUDA tensors with momentum, and CuPy present (``kernels.backend()``), one launch for all
+kernels per layer on a GPU - except where ``kernels.lars_update`` can run it: fp32 CUDA
+tensors with momentum, weight, gradient and momentum laid out alike (contiguous, or all
+channels_last: the buckets give a channels_last parameter a channels_last gradient
+view), and CuPy present (``kernels.backend()``), one launch for all
 tensors of a group (``LARS.update_backend`` says which; ``fused_update=True`` forces it, e.g.
 onto its CPU reference in tests, ``False`` never uses it).
 """
@@ -39,6 +41,8 @@ from collections.abc import Callable
 
 import torch
 from torch.optim import Optimizer
+
+from hpctrain.kernels._args import is_dense as dense, same_layout
 
 NormsFn = Callable[[list[torch.Tensor]], torch.Tensor]
 
@@ -67,7 +71,7 @@ def _kernels_norms(fn) -> NormsFn:
     """Adapt ``kernels.multi_tensor_sq_norms`` (fp32 only) to ``NormsFn``; other dtypes or
     non-contiguous tensors go to ``torch._foreach_norm``."""
     def norms(tensors: list[torch.Tensor]) -> torch.Tensor:
-        if not all(t.dtype == torch.float32 and t.is_contiguous() for t in tensors):
+        if not all(t.dtype == torch.float32 and dense(t) for t in tensors):
             return _foreach_norms(tensors)
         per_tensor_sq, _global_norm = fn(tensors)
         if isinstance(per_tensor_sq, (list, tuple)):
@@ -148,7 +152,9 @@ class LARS(Optimizer):
         """Does ``kernels.lars_update`` take this group's update (module docstring)?"""
         if self._lars_update is None:
             return False
-        if not all(t.dtype == torch.float32 and t.is_contiguous() for t in params + grads):
+        if not all(t.dtype == torch.float32 for t in params + grads):
+            return False
+        if not all(same_layout(p, g) for p, g in zip(params, grads)):
             return False
         return bool(self.fused_update) or params[0].is_cuda
 
@@ -199,8 +205,9 @@ class LARS(Optimizer):
         per_tensor = isinstance(step, list)
         m = group["momentum"]
         fused = self._lars_update
-        if m > 0 and fused is not None and self._use_kernel(params, grads):      # one launch for the whole group
-            bufs = [self._buffer(p) for p in params]
+        bufs = [self._buffer(p) for p in params] if m > 0 else []
+        if m > 0 and fused is not None and self._use_kernel(params, grads) and \
+                all(same_layout(p, v) for p, v in zip(params, bufs)):      # one launch for the whole group
             arg = torch.stack(step).to(torch.float32) if per_tensor else float(step)
             fused(params, grads, bufs, arg, wd, m, group["nesterov"])
             return
@@ -211,7 +218,6 @@ class LARS(Optimizer):
                 torch._foreach_mul_(params, shrink)
             _axpy_(params, grads, neg, per_tensor)
             return
-        bufs = [self._buffer(p) for p in params]
         torch._foreach_mul_(bufs, m)                 # v = m*v + step*g + step*wd*w
         _axpy_(bufs, grads, step, per_tensor)
         if wd:

@@ -64,12 +64,19 @@ from hpctrain.config.plugins import check_options
 from hpctrain.config.values import FRACTION, NON_NEGATIVE, Option, Range
 from hpctrain.errors import ConfigError
 from hpctrain.ops.metrics import NULL_TIMER, Timer
-from hpctrain.optim.loss_scale import all_finite
+from hpctrain.optim.loss_scale import all_finite, finite_flag
 from hpctrain.update.base import ALGORITHMS, StepResult, UpdateAlgorithm, group_lrs
 from hpctrain.update.guard import agreed_overflow
 from hpctrain.update.ssgd import SSGD
 
 __all__ = ["ODSGD", "Round", "dc_compensate_", "group_lrs", "scales_lr_per_layer", "swap_data_"]
+
+
+def flag_stays_on_device(tensors) -> bool:
+    """Does the local step select on a device-side finite flag instead of reading it? Where the
+    gradients live in device memory (a test seam: CPU runs may take the device's path)."""
+    first = next((t for t in tensors if t is not None), None)
+    return first is not None and first.device.type != "cpu"
 
 
 class Round:
@@ -215,9 +222,18 @@ class ODSGD(UpdateAlgorithm):
 
     @torch.no_grad()
     def _local_update(self, inv_scale: float) -> None:
-        """``_store`` <- W - η_l·u (u = g, or the local momentum), then swap it in as ŵ."""
+        """``_store`` <- W - η_l·u (u = g, or the local momentum), then swap it in as ŵ.
+
+        With a loss scaler, a rank whose gradient overflowed takes no local step (ŵ = W, local
+        momentum unchanged). On the CPU that is a branch on the finite flag; on a device the
+        flag stays there (:func:`flag_stays_on_device`) and the step selects with it
+        (``torch.where``), the same values without a host read that would wait for backward
+        every step (issue 34, N6)."""
         grads = [p.grad for p in self.params]
-        if self.scaler and not all_finite(grads):
+        keep = None         # device: 0-d bool, "this rank's gradients are finite"
+        if self.scaler and flag_stays_on_device(grads):
+            keep = finite_flag(grads)
+        elif self.scaler and not all_finite(grads):
             for p, spare in zip(self.params, self._store):     # this rank's gradient overflowed:
                 spare.copy_(p)                                  # ŵ = W, no local step
             swap_data_(self.params, self._store)
@@ -230,10 +246,16 @@ class ODSGD(UpdateAlgorithm):
                 continue
             lr = self.local_lr or groups[gi]["lr"]
             if self._local_buf is not None:
-                g = self._local_buf[i].mul_(self.local_momentum).add_(g, alpha=inv_scale)
+                buf = self._local_buf[i]
+                if keep is None:
+                    g = buf.mul_(self.local_momentum).add_(g, alpha=inv_scale)
+                else:
+                    g = buf.copy_(torch.where(keep, buf * self.local_momentum + g * inv_scale, buf))
                 torch.add(p, g, alpha=-lr, out=spare)
             else:
                 torch.add(p, g, alpha=-lr * inv_scale, out=spare)
+            if keep is not None:
+                torch.where(keep, spare, p, out=spare)
         swap_data_(self.params, self._store)
 
     # --- synchronisation points and checkpoints ------------------------------------------------

@@ -17,7 +17,7 @@ def device(monkeypatch):
     fake = fake_cupy()
     monkeypatch.setattr(_runtime, "probe", lambda: (fake, "fake device"))
     monkeypatch.setattr(_runtime, "_FUNCTIONS", {})
-    monkeypatch.setattr(_runtime, "_TABLES", {})
+    monkeypatch.setattr(_runtime, "_TABLES", _runtime.TableCache())
     return fake
 
 
@@ -95,3 +95,41 @@ def test_only_empty_tensors_launch_nothing(device):
     per, norm = kernels.multi_tensor_sq_norms(on_device([np.zeros(0, np.float32)] * 2))
     assert per.host.tolist() == [0.0, 0.0] and float(norm.host) == 0.0
     assert not device.kernels_built
+
+
+def one_step(t, buckets, groups):
+    """What a step of fp16 staging and LARS asks the cache for: each bucket packs its input
+    (``dev[t % 2]``) and unpacks the mean into the other buffer; LARS reads every group's
+    weights, momentum and gradients, which are views of the alternating buffers."""
+    for dev in buckets:
+        wire = FakeArray(np.zeros(dev[0].size, np.float16))
+        kernels.pack_fp16([dev[t % 2]], wire, 0.5)
+        kernels.unpack_fp16(wire, [dev[(t + 1) % 2]], 1.0)
+    for ws, vs, gs in groups:
+        kernels.multi_tensor_sq_norms(ws + gs[t % 2])
+        kernels.lars_update(ws, gs[t % 2], vs, 0.1, 1e-4, 0.9)
+
+
+def test_table_cache_does_not_thrash_on_alternating_buffers(device):
+    """issue 34, N7: 12 double-buffered buckets and 3 LARS groups make 42 keys a step pair;
+    after the first two steps (both buffers seen) every lookup hits. The same access pattern
+    through a 32-entry cache misses every time: that is what the default capacity avoids."""
+    buckets = [on_device(host(10 + i, [64, 64])) for i in range(12)]
+    groups = [(on_device(host(30 + i, [32, 16])), on_device(host(40 + i, [32, 16])),
+               [on_device(host(50 + i, [32, 16])), on_device(host(60 + i, [32, 16]))]) for i in range(3)]
+    for t in range(2):
+        one_step(t, buckets, groups)
+    cache = _runtime._TABLES
+    warm_keys, misses, hits = len(cache), cache.misses, cache.hits
+    assert warm_keys > 32
+    for t in range(2, 6):
+        one_step(t, buckets, groups)
+    assert cache.misses == misses and cache.hits - hits == 4 * (2 * 12 + 3 * 4)
+    small = _runtime.TableCache(32)
+    _runtime._TABLES = small
+    try:
+        for t in range(6):
+            one_step(t, buckets, groups)
+    finally:
+        _runtime._TABLES = cache
+    assert small.hits == 0

@@ -7,9 +7,21 @@ import pytest
 from hpctrain.kernels import _runtime
 
 
+class NVRTCError(Exception):
+    """Named like CuPy's (cupy_backends.cuda.libs.nvrtc.NVRTCError)."""
+
+
 def fake_cupy(version, runtime_version=12040, n_devices=1, available=True, from_external=True,
-              external_stream=True):
+              external_stream=True, nvrtc_error=None):
     calls = []
+
+    def raw_module(code, options=()):
+        def get_function(name):      # CuPy compiles lazily: here, as the real one does
+            calls.append(("compile", name))
+            if nvrtc_error is not None:
+                raise NVRTCError(nvrtc_error)
+            return name
+        return types.SimpleNamespace(get_function=get_function)
 
     class Stream:
         pass
@@ -21,7 +33,8 @@ def fake_cupy(version, runtime_version=12040, n_devices=1, available=True, from_
         runtime=types.SimpleNamespace(getDeviceCount=lambda: n_devices, runtimeGetVersion=lambda: runtime_version))
     if external_stream:
         cuda.ExternalStream = lambda ptr, dev: calls.append(("ExternalStream", ptr, dev)) or "external"
-    return types.SimpleNamespace(__version__=version, cuda=cuda, is_available=lambda: available), calls
+    return types.SimpleNamespace(__version__=version, cuda=cuda, is_available=lambda: available,
+                                 RawModule=raw_module), calls
 
 
 @pytest.fixture
@@ -63,6 +76,25 @@ def test_probe_rejects_cupy_older_than_12_and_names_both_extras(installed):
     got, reason = _runtime.probe()
     assert got is None and "older than 12" in reason
     assert "hpctrain[cuda]" in reason and "hpctrain[cuda13]" in reason
+
+
+def test_probe_compiles_a_kernel_once(installed):
+    cupy, calls = fake_cupy("14.2.0")
+    installed(cupy)
+    assert _runtime.probe()[0] is cupy and _runtime.probe()[0] is cupy
+    assert calls == [("compile", "hpc_probe")]
+
+
+def test_probe_falls_back_to_torch_when_nvrtc_cannot_compile(installed):
+    """issue 34, N4: is_available() is True, but NVRTC fails: the torch path, said in one line."""
+    cupy, calls = fake_cupy("14.2.0", nvrtc_error="NVRTC_ERROR_BUILTIN_OPERATION_FAILURE (7)\nlibnvrtc-builtins.so.13.0: cannot open")
+    installed(cupy)
+    got, reason = _runtime.probe()
+    assert got is None and "\n" not in reason
+    assert reason.startswith("cupy 14.2.0 cannot compile kernels (NVRTC compile failed: NVRTCError: ")
+    assert reason.endswith("): torch path") and "libnvrtc-builtins" in reason
+    from hpctrain import kernels
+    assert kernels.backend() == ("cpu", reason)
 
 
 def test_probe_without_a_device(installed):

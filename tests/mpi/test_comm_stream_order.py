@@ -12,6 +12,9 @@ recording fake, so each test asserts an order a GPU would depend on:
 * the direct route's ring runs its kernels on its own stream and, before MPI reads what a
   kernel wrote, waits for that kernel's event only: never for the whole compute stream
   (finding 4).
+* device buckets keep their overflow flags on the device: nothing reads one on the host while
+  backward runs (the overlap hooks, autograd's thread), and a round reads them once, however
+  many buckets it has (issue 34, N6).
 """
 import pytest
 import torch
@@ -144,3 +147,35 @@ def test_direct_ring_waits_on_its_own_events_not_the_compute_stream(overlap, mon
     for i in records:               # the next message MPI posts comes after that event completed
         nxt = next(j for j in range(i, len(log)) if log[j] == ("post",))
         assert any(e in (("query", event), ("event sync", event)) for e in log[i:nxt]), log[i:nxt]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_direct_buckets_read_their_overflow_flags_once_per_round(overlap, monkeypatch, closer):
+    """MPI's and the ring's buckets, direct (device buffers), any world size: one host read per
+    round, in finish(), none during backward. Before issue 34 each bucket's scale_and_check
+    read its flag on the host (bool) as its reduction ended: in the overlap hooks."""
+    fake = fake_device(monkeypatch)
+    monkeypatch.setenv(cuda_mpi.AWARE_SWITCH, "1")
+    monkeypatch.setattr(ring, "AS_TENSOR", frozenset({"cpu", "cuda"}))
+    topo = closer(Topology.create(MPI.COMM_WORLD, ranks_per_node=1))
+    comm = topo.comm
+    params = [torch.nn.Parameter(torch.zeros(n)) for n in (1_200_000, 300, 5000, 1_100_000, 7)]
+    sync = closer(comm_lib.create("flat", params, topo, bucket_bytes=4 << 20, overlap=overlap))
+    assert len(sync.buckets) >= 3 and all(b.staging is None for b in sync.buckets)
+    if comm.Get_size() > 1:     # overlapped, device buffers avoid MPI's Iallreduce: all ring
+        assert {"mpi", "ring"} <= set(sync._methods()) if not overlap else "ring" in sync._methods()
+    n = comm.Get_size()
+    for poison in (False, True, False):
+        fake.log.clear()
+        loss = sum((p * (comm.Get_rank() + 1.0)).sum() for p in params)
+        if poison:
+            loss = loss + params[2][0] * float("inf")
+        loss.backward()
+        during_backward = fake.host_reads
+        found = sync.finish(scatter=True)
+        assert during_backward == 0 and fake.host_reads == 1, fake.log
+        assert found is poison
+        if not poison:
+            assert torch.allclose(params[0].grad, torch.full_like(params[0], sum(range(1, n + 1)) / n))
+        for p in params:
+            p.grad.zero_()

@@ -3,7 +3,8 @@
 Install with ``monkeypatch.setattr(streams, "API", FakeCuda())`` before buckets or rings are
 built: CPU tensors then take the CUDA code paths (side streams, events, waits), the copies and
 kernels run on the CPU at once, and every stream/event call lands in ``log`` as a tuple, so a
-test can assert the order: what waited on what, what the host blocked on, and when.
+test can assert the order: what waited on what, what the host blocked on, and when. Host reads
+of device flags (``streams.host_read``, a host sync on a GPU) are logged as ``("host read",)``.
 """
 import contextlib
 import itertools
@@ -70,6 +71,15 @@ class FakeCuda:
         finally:
             self.current = before
             self.log.append(("exit", s.name))
+
+    def host_read(self, flag):
+        """A device flag read on the host: on a GPU the host waits for the stream (counted)."""
+        self.log.append(("host read",))
+        return bool(flag)
+
+    @property
+    def host_reads(self) -> int:
+        return len(self.named("host read"))
 
     def named(self, kind):
         return [e for e in self.log if e[0] == kind]

@@ -34,3 +34,19 @@ def test_table_and_arguments():
         bench.parse_args(["--models", "vgg"])
     with pytest.raises(SystemExit):
         bench.parse_args(["--configs", "flat+zip"])
+
+
+def test_models_and_data_go_to_the_device():
+    """issue 34, N3: the bench's models and data live on the chosen device (``meta`` stands in
+    for a GPU here); before, they stayed on the CPU whatever the node had."""
+    import torch
+    meta = torch.device("meta")
+    x, y = bench.make_data("digits_cnn", 4, 0, meta)
+    assert x.device == meta and y.device == meta and tuple(x.shape) == (4, 1, 8, 8)
+    cx, _ = bench.make_data("digits_cnn", 4, 0)
+    assert cx.device.type == "cpu" and torch.equal(cx, bench.make_data("digits_cnn", 4, 0)[0])
+    c = bench.build("nocomm", bench.make_model("digits_cnn"), None, None, meta)
+    assert all(p.device == meta for p in c.model.parameters())
+    assert bench.parse_args([]).device == "auto" and bench.parse_args(["--device", "cuda"]).device == "cuda"
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--device", "tpu"])

@@ -140,3 +140,19 @@ def test_size_rule_picks_mpi_or_the_ring():
     assert mpi_choice(MPI_MAX_BYTES, none) == "mpi"
     assert mpi_choice(MPI_MAX_BYTES + 4, none) == "ring"
     assert mpi_choice(4, fp16) == "ring"         # MPI cannot sum fp16
+
+
+def test_scale_and_check_keeps_the_flag_on_the_device_when_asked():
+    """issue 34, N6: ``keep`` returns a 0-d bool tensor beside the data (no host read there);
+    any_flag combines a round's flags and reads them once."""
+    from hpctrain.comm import streams
+    from hpctrain.comm.fused import scale_and_check
+    t = torch.ones(50_000)
+    flag = scale_and_check(t, 0.5, keep=True)
+    assert isinstance(flag, torch.Tensor) and flag.shape == () and flag.dtype == torch.bool
+    assert not flag and torch.equal(t, torch.full_like(t, 0.5))
+    t[7] = float("nan")
+    bad = scale_and_check(t, keep=True)
+    assert bool(bad) and scale_and_check(t) is True
+    assert streams.any_flag([False, flag, bad]) is True and streams.any_flag([False, flag]) is False
+    assert streams.any_flag([True, flag]) is True and streams.any_flag([]) is False

@@ -295,3 +295,39 @@ def test_loss_scaling_overflow_skips_that_rounds_global_update_one_step_later():
         assert torch.isfinite(model.weight).all()
     tr.close()
     topo.close()
+
+
+@pytest.mark.parametrize("local_momentum", [0.0, 0.9])
+def test_loss_scaled_local_step_selects_on_the_device_flag_with_the_same_values(monkeypatch, local_momentum):
+    """issue 34, N6: where gradients live on a device, the local step of a rank whose gradient
+    overflowed is skipped by a select on the device-side finite flag instead of a host read
+    every step. Same weights and local momentum, bit for bit, as the branch on the host (taken
+    here on the CPU through the seam), an inf batch included; the host check runs once per step
+    fewer (only the global update's own-verdict check remains)."""
+    from hpctrain.optim.loss_scale import LossScaler
+    from hpctrain.update import odsgd
+
+    def run(on_device):
+        monkeypatch.setattr(odsgd, "flag_stays_on_device", lambda grads: on_device)
+        calls = []
+        real = odsgd.all_finite
+        monkeypatch.setattr(odsgd, "all_finite", lambda ts: calls.append(1) or real(ts))
+        model = linear_model()
+        topo = Topology.create(MPI.COMM_SELF)
+        tr = DistributedTrainer(model, torch.optim.SGD(model.parameters(), lr=0.1), topo, algorithm="odsgd",
+                                algorithm_options={"warmup_steps": 1, "local_momentum": local_momentum},
+                                loss_fn=half_mse, scaler=LossScaler(init_scale=1024.0, growth_interval=1000))
+        batches = linear_batches(1, 6)
+        batches[3] = (batches[3][0].clone().fill_(float("inf")), batches[3][1])
+        for x, y in batches:
+            tr.step(x, y)
+        out = [model.weight.detach().clone(), tr.algo.global_weights()[0].clone()]
+        out += [b.clone() for b in tr.algo._local_buf or []]
+        tr.close()
+        topo.close()
+        return out, len(calls)
+    host, host_reads = run(False)
+    device, device_reads = run(True)
+    assert all(torch.equal(a, b) for a, b in zip(host, device)) and len(host) == len(device)
+    assert all(torch.isfinite(t).all() for t in device)
+    assert device_reads == host_reads - 5       # 6 steps, 1 of warm-up: 5 local updates

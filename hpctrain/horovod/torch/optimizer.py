@@ -142,7 +142,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._sync.closed:
             raise RuntimeError("hpctrain.horovod: DistributedOptimizer used after hvd.shutdown()")
         agree(Sig("grad", self._id))
-        self._sync.allreduce_grads()
+        self._sync.finish(scatter=True, check=False)    # Horovod has no overflow flag: none read
         self._passes = dict.fromkeys(self._passes, 0)
         self._synchronized = True
 
@@ -150,7 +150,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """A joined rank's part in the others' gradient round: zero gradients."""
         for p in self._params:
             p.grad = None
-        self._sync.allreduce_grads()
+        self._sync.finish(scatter=True, check=False)
 
     def skip_synchronize(self) -> _SkipSynchronize:
         """``with optimizer.skip_synchronize(): optimizer.step()`` after an explicit

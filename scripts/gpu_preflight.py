@@ -1,0 +1,108 @@
+"""Is this node ready for ``make test-gpu``? One line per missing piece, exit status 2; else one
+line saying what was found, exit status 0.
+
+The pieces (issue 34): torch built with CUDA that sees a device; CuPy that compiles a kernel with
+NVRTC (``hpctrain.kernels``' own probe: ``cupy.is_available()`` alone passes where NVRTC
+cannot compile); an MPI library that mpi4py loads (asked in a child process, which initialises
+MPI and exits); the launcher ``mpiexec``; pytest-mpi and pytest-timeout. Without them the GPU
+tests would skip or the run would stop half-way, and a suite of skips must not pass for a
+GPU check. Nothing is installed or fetched here; docs/gpus.md says where each piece comes from
+on a node without network (``scripts/gpu-wheels``, ``make gpu-venv``).
+
+    python scripts/gpu_preflight.py [--mpiexec PATH] [--skip NAME ...]
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LIBMPI = "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0].strip())"
+
+
+def check_torch() -> tuple[bool, str]:
+    try:
+        import torch
+    except ImportError as exc:
+        return False, f"CUDA torch: torch does not import ({exc})"
+    if not torch.cuda.is_available():
+        return False, (f"CUDA torch: torch {torch.__version__} sees no CUDA device "
+                       f"(CUDA build: {torch.version.cuda or 'none'})")
+    return True, f"torch {torch.__version__} on {torch.cuda.get_device_name(0)}"
+
+
+def check_cupy() -> tuple[bool, str]:
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    try:
+        from hpctrain.kernels import _runtime
+    except ImportError as exc:
+        return False, f"CuPy with an NVRTC compile: hpctrain.kernels does not import ({exc})"
+    cupy, reason = _runtime.probe()
+    if cupy is None:
+        return False, f"CuPy with an NVRTC compile: {reason}"
+    return True, reason
+
+
+def check_libmpi(python: str = sys.executable, timeout: float = 60) -> tuple[bool, str]:
+    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    try:
+        r = subprocess.run([python, "-c", LIBMPI], capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return False, f"libmpi: mpi4py's MPI did not start within {timeout:.0f} s"
+    if r.returncode != 0:
+        last = (r.stderr.strip().splitlines() or ["no message"])[-1]
+        return False, f"libmpi: mpi4py cannot load an MPI library ({last[:200]})"
+    return True, r.stdout.strip()
+
+
+def check_mpiexec(mpiexec: str) -> tuple[bool, str]:
+    found = shutil.which(mpiexec)
+    if found is None:
+        return False, f"mpiexec: {mpiexec!r} is not an executable on PATH"
+    return True, found
+
+
+def check_module(label: str, module: str) -> tuple[bool, str]:
+    if importlib.util.find_spec(module) is None:
+        return False, f"{label}: the Python module {module} is not installed"
+    return True, label
+
+
+CHECKS = {
+    "torch": lambda a: check_torch(),
+    "cupy": lambda a: check_cupy(),
+    "libmpi": lambda a: check_libmpi(),
+    "mpiexec": lambda a: check_mpiexec(a.mpiexec),
+    "pytest-mpi": lambda a: check_module("pytest-mpi", "pytest_mpi"),
+    "pytest-timeout": lambda a: check_module("pytest-timeout", "pytest_timeout"),
+}
+
+
+def main(argv=None, checks=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--mpiexec", default=os.environ.get("MPIEXEC") or "mpiexec")
+    p.add_argument("--skip", action="append", default=[], choices=sorted(CHECKS),
+                   help="leave a check out (e.g. the MPI pieces for the serial GPU tests only)")
+    args = p.parse_args(argv)
+    found, missing = [], []
+    for name, check in (checks or CHECKS).items():
+        if name in args.skip:
+            continue
+        ok, text = check(args)
+        (found if ok else missing).append(text)
+    for line in missing:
+        print(f"gpu preflight: missing {line}")
+    if missing:
+        print(f"gpu preflight: {len(missing)} piece(s) missing; docs/gpus.md, 'A GPU node without network'")
+        return 2
+    print(f"gpu preflight: ready ({'; '.join(found)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
