@@ -21,6 +21,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
+import torch
 
 from hpctrain.data import crops, decoders
 from hpctrain.errors import LocalUserError
@@ -121,14 +122,24 @@ class CropDecoder:
         return sizes, boxes
 
     def submit(self, blobs, train: bool, seed: int = 0, epoch: int = 0, rank: int = 0,
-               first_position: int = 0, out: np.ndarray | None = None) -> PendingBatch:
-        """Start decoding ``blobs`` (sample ``k`` at ``first_position + k``) into ``out`` (or a new array)."""
+               first_position: int = 0, out: np.ndarray | None = None, normalize=None) -> PendingBatch:
+        """Start decoding ``blobs`` (sample ``k`` at ``first_position + k``) into ``out`` (or a new
+        uint8 array). With ``normalize`` (an :class:`~hpctrain.data.augment.Normalize`) each worker
+        also normalises its rows into a new float32 tensor: the same float32 operations per element
+        as normalising the whole batch (so the same bits), with the conversion's cost (most of it
+        first-touching a fresh buffer) spread over the workers instead of left to the loader thread."""
         n = len(blobs)
         sizes, boxes = self.plan(blobs, train, seed, epoch, rank, first_position)
-        out = np.empty((n, *self.shape), np.uint8) if out is None else out
+        if normalize is not None:
+            out = torch.empty((n, *self.shape), dtype=torch.float32)
+            c = self.shape[0]
+            stats = (normalize.mean.view(c, 1, 1), normalize.std.view(c, 1, 1))
+        else:
+            out = np.empty((n, *self.shape), np.uint8) if out is None else out
+            stats = None
         chunks = max(1, min(n, 2 * self.pool.workers))
         starts = [n * i // chunks for i in range(chunks + 1)]
-        futures = [self.pool.submit(self._rows, blobs, sizes, boxes, out, starts[i], starts[i + 1])
+        futures = [self.pool.submit(self._rows, blobs, sizes, boxes, out, starts[i], starts[i + 1], stats)
                    for i in range(chunks)]
         return PendingBatch(out, futures, starts)
 
@@ -139,10 +150,15 @@ class CropDecoder:
         c, h, w = self.shape
         decoders.decode_crop(blob, box, size, h, w, c, out, self.backend)
 
-    def _rows(self, blobs, sizes, boxes, out, lo: int, hi: int) -> None:
+    def _rows(self, blobs, sizes, boxes, out, lo: int, hi: int, stats=None) -> None:
+        scratch = np.empty(self.shape, np.uint8) if stats is not None else None
         for k in range(lo, hi):
             try:
-                self._decode_one(blobs[k], boxes[k], sizes[k], out[k])
+                if scratch is None:
+                    self._decode_one(blobs[k], boxes[k], sizes[k], out[k])
+                else:
+                    self._decode_one(blobs[k], boxes[k], sizes[k], scratch)
+                    out[k].copy_(torch.from_numpy(scratch)).sub_(stats[0]).div_(stats[1])
             except UNDECODABLE as exc:
                 raise SampleError(k, exc) from None
             except Exception as exc:

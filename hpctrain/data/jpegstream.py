@@ -36,7 +36,7 @@ class FittedDecoder(CropDecoder):
     to its cover-resized centre crop (:func:`images.decode`, Pillow), no box to draw."""
 
     def plan(self, blobs, train, seed=0, epoch=0, rank=0, first_position=0):
-        return [None] * len(blobs), [None] * len(blobs)
+        return [None] * len(blobs), [None] * len(blobs)     # nothing to draw: the fitted centre
 
     def _decode_one(self, blob, box, size, out) -> None:
         out[...] = images.decode(blob, self.shape)
@@ -67,12 +67,13 @@ class JpegBatches:
                 "whole images, centre crops cut at decode" if self.whole else "images fitted to the sample shape")
         return f"JPEG {what}, {self.decoder.backend} on {self.workers} decode worker(s)"
 
-    def submit(self, xw, idx, ids, epoch: int, rank: int, step: int, augment: bool, out=None):
-        """Start decoding the batch ``xw[idx]`` (step ``step`` of ``rank``; global sample ids ``ids``)."""
+    def submit(self, xw, idx, ids, epoch: int, rank: int, step: int, augment: bool, out=None, normalize=None):
+        """Start decoding the batch ``xw[idx]`` (step ``step`` of ``rank``; global sample ids ``ids``);
+        ``normalize``: the workers normalise too (float32 batches)."""
         train = augment and self.train_crops
         try:
             p = self.decoder.submit(xw[idx], train, seed=self.loader.seed, epoch=epoch, rank=rank,
-                                    first_position=step * self.loader.batch_size, out=out)
+                                    first_position=step * self.loader.batch_size, out=out, normalize=normalize)
         except SampleError as exc:
             raise self._error(exc, ids) from None
         return p, ids
@@ -87,13 +88,14 @@ class JpegBatches:
     def _error(self, exc: SampleError, ids) -> ShardError:
         return ShardError(f"{sample_name(self.loader.shards, int(ids[exc.k]))}: JPEG does not decode ({exc})")
 
-    def batches(self, epoch: int, skip: int, rank: int, augment: bool):
-        """``rank``'s decoded batches ``(x, y)`` of ``epoch`` from step ``skip`` on."""
+    def batches(self, epoch: int, skip: int, rank: int, augment: bool, normalize=None):
+        """``rank``'s decoded batches ``(x, y)`` of ``epoch`` from step ``skip`` on (``normalize``:
+        float32 tensors normalised by the workers)."""
         stats, pending = self.loader.stats, deque()
         for step, (xw, yw, idx) in enumerate(self.loader.window_batches(epoch, skip, rank), start=skip):
             ids = self.loader.window_ids(rank)[idx]
             t0 = time.perf_counter()
-            pending.append((self.submit(xw, idx, ids, epoch, rank, step, augment), yw[idx]))
+            pending.append((self.submit(xw, idx, ids, epoch, rank, step, augment, normalize=normalize), yw[idx]))
             if len(pending) > LOOKAHEAD:
                 p, y = pending.popleft()
                 x = self.finish(p)

@@ -227,14 +227,15 @@ class ShardLoader:
         for xw, yw, idx in self.window_batches(epoch, skip, rank):
             yield xw[idx], yw[idx]
 
-    def decoded_batches(self, epoch: int, skip: int = 0, rank: int | None = None,
-                        augment: bool = True) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def decoded_batches(self, epoch: int, skip: int = 0, rank: int | None = None, augment: bool = True,
+                        normalize: Normalize | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Like :meth:`raw_batches`, with JPEG samples decoded to ``sample_shape`` uint8 on the
-        decode workers (crops cut at decode for whole-image shards: :mod:`jpegstream`)."""
+        decode workers (crops cut at decode for whole-image shards: :mod:`jpegstream`); with
+        ``normalize``, JPEG batches come normalised by the workers (float32 tensors)."""
         if self.jpeg is None:
             yield from self.raw_batches(epoch, skip, rank)
             return
-        yield from self.jpeg.batches(epoch, skip, self.rank if rank is None else rank, augment)
+        yield from self.jpeg.batches(epoch, skip, self.rank if rank is None else rank, augment, normalize)
 
     def _prep(self, epoch: int, augment: bool) -> BatchPrep:
         cut = self.jpeg is not None and self.jpeg.train_crops     # the crop was cut at decode time
@@ -251,11 +252,14 @@ class ShardLoader:
         return self._prep(epoch, augment) if self.raw else _unchanged
 
     def _batches(self, epoch: int, skip: int, augment: bool):
-        source = self.node.batches(epoch, skip) if self.node else self.decoded_batches(epoch, skip, augment=augment)
         prep = None if self.raw else self._prep(epoch, augment)
+        # JPEG with nothing after the normalisation: the decode workers normalise (same bits, in parallel)
+        in_workers = prep is not None and prep.transform is None and self.jpeg is not None and not self.node
+        source = self.node.batches(epoch, skip) if self.node else self.decoded_batches(
+            epoch, skip, augment=augment, normalize=prep.normalize if in_workers and prep else None)
         for x, y in source:
             t0 = time.perf_counter()
-            t = host_tensor(x, self.pin) if prep is None else prep(x)     # None: raw
+            t = host_tensor(x, self.pin) if prep is None else x if in_workers else prep(x)     # None: raw
             self.stats.prep_s += time.perf_counter() - t0
             self.stats.batches += 1
             yield t, host_tensor(y, self.pin)
