@@ -90,6 +90,17 @@ def eval_crops(sizes, out_h: int, out_w: int) -> list[Crop]:
     return [center_box(h, w, out_h, out_w) for h, w in sizes]
 
 
+def whole_pixels(crop: Crop, h: int, w: int, scale_y: float = 1.0, scale_x: float = 1.0) -> tuple[int, int, int, int]:
+    """``(top, left, bottom, right)``: the box on an ``h × w`` picture of the image scaled by
+    ``scale_y``, ``scale_x`` (a DCT-scaled decode), each edge rounded to the nearest pixel, at least one
+    pixel, inside. The one rounding every decode path applies (CPU workers and the device)."""
+    top = min(max(0, round(crop.top * scale_y)), h - 1)
+    left = min(max(0, round(crop.left * scale_x)), w - 1)
+    bottom = max(top + 1, min(h, round((crop.top + crop.height) * scale_y)))
+    right = max(left + 1, min(w, round((crop.left + crop.width) * scale_x)))
+    return top, left, bottom, right
+
+
 def dct_scale(crop: Crop, out_h: int, out_w: int, max_denominator: int = 8) -> int:
     """The largest ``s`` in 1, 2, 4, 8 with the box at ``1/s`` still at least ``out_h × out_w``: the
     JPEG decoder may then decode at ``1/s`` in the DCT domain (never shrinking below the output,

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from hpctrain.data.crops import Crop, dct_scale
+from hpctrain.data.crops import Crop, dct_scale, whole_pixels
 from hpctrain.data.images import pil
 
 BACKENDS = ("auto", "simplejpeg", "pil")
@@ -68,25 +68,19 @@ def image_size(blob, backend: str) -> tuple[int, int]:
         return img.height, img.width
 
 
-def _finish(a: np.ndarray, box: tuple, flip: bool, out_h: int, out_w: int, out: np.ndarray) -> None:
-    """Cut ``box`` (left, top, right, bottom in ``a``'s pixels, rounded to whole pixels) out of the
-    decoded (H, W[, C]) ``a``, resize it to ``out_h × out_w``, mirror if ``flip``, into ``out`` (C, H, W)."""
+def _finish(a: np.ndarray, crop: Crop, h: int, w: int, out_h: int, out_w: int, out: np.ndarray) -> None:
+    """Cut ``crop`` (a box on the ``h × w`` stored image) out of ``a``, the decoded (H, W[, C]) picture
+    (DCT-scaled or not), resize it to ``out_h × out_w``, mirror if asked, into ``out`` (C, H, W)."""
     t = torch.from_numpy(a)
     t = t.unsqueeze(-1) if t.dim() == 2 else t
-    h, w = t.shape[:2]
-    left, top = min(max(0, round(box[0])), w - 1), min(max(0, round(box[1])), h - 1)
-    right, bottom = max(left + 1, min(w, round(box[2]))), max(top + 1, min(h, round(box[3])))
+    dh, dw = t.shape[:2]
+    top, left, bottom, right = whole_pixels(crop, dh, dw, dh / h, dw / w)
     region = t[top:bottom, left:right].permute(2, 0, 1).unsqueeze(0)      # a channels-last view, no copy
     if region.shape[-2:] != (out_h, out_w):
         region = F.interpolate(region, size=(out_h, out_w), mode="bilinear", antialias=True, align_corners=False)
-    if flip:
+    if crop.flip:
         region = region.flip(-1)
     torch.from_numpy(out).copy_(region[0, :out.shape[0]])
-
-
-def _scaled_box(crop: Crop, h: int, w: int, dh: int, dw: int) -> tuple:
-    sy, sx = dh / h, dw / w
-    return (crop.left * sx, crop.top * sy, (crop.left + crop.width) * sx, (crop.top + crop.height) * sy)
 
 
 def decode_crop(blob, crop: Crop, size: tuple[int, int], out_h: int, out_w: int, channels: int,
@@ -104,4 +98,4 @@ def decode_crop(blob, crop: Crop, size: tuple[int, int], out_h: int, out_w: int,
             if s > 1:
                 img.draft(mode, (w // s, h // s))
             a = np.array(img.convert(mode) if img.mode != mode else img)    # writable, for torch
-    _finish(a, _scaled_box(crop, h, w, a.shape[0], a.shape[1]), crop.flip, out_h, out_w, out)
+    _finish(a, crop, h, w, out_h, out_w, out)

@@ -85,7 +85,7 @@ def train_loader(index: ShardIndex, topo, *, batch_size: int, seed: int = 0, blo
     loader = ShardLoader(shards, rank=topo.rank, size=topo.size, batch_size=batch_size, seed=seed,
                          block_size=block_size, shuffle_window=shuffle_window, prefetch=prefetch,
                          drop_last=drop_last, transform=transform, node_comm=node_comm, raw=raw,
-                         workers=n_workers)
+                         workers=n_workers, decode=decode)
     loader.owns_shards = True
     return loader
 

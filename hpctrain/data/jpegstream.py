@@ -18,7 +18,7 @@ from collections import deque
 
 import numpy as np
 
-from hpctrain.data import images
+from hpctrain.data import gpudecode, images
 from hpctrain.data.decodepool import CropDecoder, DecodePool, SampleError, UNDECODABLE
 from hpctrain.data.index import ShardError
 
@@ -45,7 +45,7 @@ class FittedDecoder(CropDecoder):
 class JpegBatches:
     """Decodes a loader's window batches (``loader.window_batches``) on a :class:`DecodePool`."""
 
-    def __init__(self, loader, workers: int = 1, backend: str = "auto"):
+    def __init__(self, loader, workers: int = 1, backend: str = "auto", decode: str = "cpu", device=None):
         self.loader = loader
         idx = loader.shards.index
         self.shape = tuple(idx.sample_shape)
@@ -57,6 +57,12 @@ class JpegBatches:
         kw = dict(scale=t.scale, ratio=t.ratio, flip=t.flip) if self.train_crops else {}
         self.decoder = (CropDecoder(self.shape, self.pool, backend, **kw) if self.whole
                         else FittedDecoder(self.shape, self.pool, "pil"))
+        self.on_device = None            # a DeviceCropDecoder when batches are decoded on the GPU
+        if gpudecode.resolve(decode, raw=loader.raw, whole=self.whole, node=loader.node is not None,
+                             device=device) == "gpu":
+            import torch
+            dev = device if device is not None else torch.device("cuda", torch.cuda.current_device())
+            self.on_device = gpudecode.DeviceCropDecoder(self.decoder, dev)
 
     @property
     def workers(self) -> int:
@@ -65,6 +71,8 @@ class JpegBatches:
     def describe(self) -> str:
         what = ("whole images, random-resized crops cut at decode" if self.train_crops else
                 "whole images, centre crops cut at decode" if self.whole else "images fitted to the sample shape")
+        if self.on_device is not None:
+            return f"JPEG {what}, decoded on {self.on_device.device} (nvJPEG)"
         return f"JPEG {what}, {self.decoder.backend} on {self.workers} decode worker(s)"
 
     def submit(self, xw, idx, ids, epoch: int, rank: int, step: int, augment: bool, out=None, normalize=None):
@@ -91,6 +99,9 @@ class JpegBatches:
     def batches(self, epoch: int, skip: int, rank: int, augment: bool, normalize=None):
         """``rank``'s decoded batches ``(x, y)`` of ``epoch`` from step ``skip`` on (``normalize``:
         float32 tensors normalised by the workers)."""
+        if self.on_device is not None:
+            yield from self._device_batches(epoch, skip, rank, augment)
+            return
         stats, pending = self.loader.stats, deque()
         for step, (xw, yw, idx) in enumerate(self.loader.window_batches(epoch, skip, rank), start=skip):
             ids = self.loader.window_ids(rank)[idx]
@@ -109,6 +120,20 @@ class JpegBatches:
             x = self.finish(p)
             stats.decode_s += time.perf_counter() - t0
             yield x, y
+
+    def _device_batches(self, epoch: int, skip: int, rank: int, augment: bool):
+        """Raw uint8 batches decoded and cut on the device, with the boxes the CPU path draws."""
+        assert self.on_device is not None
+        train, b = augment and self.train_crops, self.loader.batch_size
+        for step, (xw, yw, idx) in enumerate(self.loader.window_batches(epoch, skip, rank), start=skip):
+            t0 = time.perf_counter()
+            try:
+                x = self.on_device.decode(xw[idx], train, seed=self.loader.seed, epoch=epoch, rank=rank,
+                                          first_position=step * b)
+            except SampleError as exc:
+                raise self._error(exc, self.loader.window_ids(rank)[idx]) from None
+            self.loader.stats.decode_s += time.perf_counter() - t0
+            yield x, yw[idx]
 
     def close(self) -> None:
         self.pool.close()

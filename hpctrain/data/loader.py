@@ -103,7 +103,10 @@ class _Prefetcher:
 
 
 def host_tensor(a: np.ndarray, pin: bool) -> torch.Tensor:
-    """``a`` as a tensor of its own dtype, copied into page-locked memory when ``pin``."""
+    """``a`` as a tensor of its own dtype, copied into page-locked memory when ``pin`` (a tensor
+    already on a device, from the GPU decode, as it is)."""
+    if isinstance(a, torch.Tensor) and a.device.type != "cpu":
+        return a
     t = torch.from_numpy(np.ascontiguousarray(a))
     return t.pin_memory() if pin else t
 
@@ -124,7 +127,8 @@ class ShardLoader:
     def __init__(self, shards: ShardSet, *, rank: int, size: int, batch_size: int, seed: int = 0,
                  block_size: int = 32, shuffle_window: int = 1024, prefetch: int = 2,
                  drop_last: bool = True, transform: Callable | None = None, node_comm=None,
-                 node_slots: int = 2, raw: bool = False, workers: int = 1, jpeg_backend: str = "auto"):
+                 node_slots: int = 2, raw: bool = False, workers: int = 1, jpeg_backend: str = "auto",
+                 decode: str = "cpu", decode_device: torch.device | None = None):
         self.shards, self.rank, self.size = shards, rank, size
         self.batch_size, self.seed, self.block_size = batch_size, seed, block_size
         self.shuffle_window, self.prefetch, self.drop_last = shuffle_window, prefetch, drop_last
@@ -140,11 +144,12 @@ class ShardLoader:
         self._active: _Prefetcher | None = None
         self._resume_at: tuple | None = None       # (epoch, augment) the running thread is at
         self._ids: dict = {}                       # rank -> global sample ids of its window buffer
-        self.jpeg = JpegBatches(self, workers, jpeg_backend) if shards.index.encoding == "jpeg" else None
         self.node = None
         if node_comm is not None:
             from hpctrain.data.noderead import NodeReader
             self.node = NodeReader(self, node_comm, slots=node_slots)
+        self.jpeg = (JpegBatches(self, workers, jpeg_backend, decode, decode_device)
+                     if shards.index.encoding == "jpeg" else None)
 
     def __len__(self) -> int:
         return self.steps
