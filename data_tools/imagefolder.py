@@ -162,6 +162,6 @@ def load_imagefolder(src: str | None, *, test_fraction: float = 0.2, seed: int =
         h, w = first.height, first.width
         first.close()
     shape = (3, h, w)
-    extra = {"jpeg": {"stored": "whole", "max_side": max_side}} if encode == "jpeg" else {}
+    index_extra = {"jpeg": {"stored": "whole", "max_side": max_side}} if encode == "jpeg" else {}
     return Source({k: SplitSource(len(v), _split_reader(v, shape, encode, bool(size), max_side))
-                   for k, v in splits.items()}, class_names or classes, shape, "uint8", encode, src, extra=extra)
+                   for k, v in splits.items()}, class_names or classes, shape, "uint8", encode, src, extra=index_extra)

@@ -170,11 +170,12 @@ def rows_of(got: dict, args) -> list[dict]:
 def format_table(rows: list[dict], gpu_rate: float) -> str:
     lines = ["| contender | workers | img/s | x DataLoader | x 1 worker | CPU s / wall s | img per CPU s |",
              "|---|---:|---:|---:|---:|---:|---:|"]
+    def f(r: dict, key: str) -> str:
+        return f"{r[key]:.2f}" if r.get(key) is not None else ""
     for r in rows:
-        f = (lambda key: f"{r[key]:.2f}" if r.get(key) is not None else "")
         per_cpu = f"{r['img_per_cpu_s']:.0f}" if r.get("img_per_cpu_s") else ""
-        lines.append(f"| {r['contender']} | {r['workers']} | {r['img_s']:.0f} | {f('x_dataloader')} | "
-                     f"{f('x_one_worker')} | {r['cpu_per_wall']:.2f} | {per_cpu} |")
+        lines.append(f"| {r['contender']} | {r['workers']} | {r['img_s']:.0f} | {f(r, 'x_dataloader')} | "
+                     f"{f(r, 'x_one_worker')} | {r['cpu_per_wall']:.2f} | {per_cpu} |")
     one = next((r for r in rows if r["contender"] == RAW and r["workers"] == 1), None)
     if one and one.get("img_per_cpu_s"):
         rate = one["img_per_cpu_s"]

@@ -85,10 +85,11 @@ class DecodePool:
 class PendingBatch:
     """A batch whose rows the pool is decoding; :meth:`result` waits and returns it."""
 
-    def __init__(self, out: np.ndarray, futures: list, starts: list):
+    def __init__(self, out, futures: list, starts: list):
         self.out, self.futures, self.starts = out, futures, starts
 
-    def result(self) -> np.ndarray:
+    def result(self):
+        """The batch: a uint8 array, or a float32 tensor when the workers normalised it."""
         for f in self.futures:           # in sample order: the first bad sample is the one reported
             f.result()
         return self.out
@@ -130,18 +131,19 @@ class CropDecoder:
         first-touching a fresh buffer) spread over the workers instead of left to the loader thread."""
         n = len(blobs)
         sizes, boxes = self.plan(blobs, train, seed, epoch, rank, first_position)
+        result: np.ndarray | torch.Tensor
         if normalize is not None:
-            out = torch.empty((n, *self.shape), dtype=torch.float32)
+            result = torch.empty((n, *self.shape), dtype=torch.float32)
             c = self.shape[0]
             stats = (normalize.mean.view(c, 1, 1), normalize.std.view(c, 1, 1))
         else:
-            out = np.empty((n, *self.shape), np.uint8) if out is None else out
+            result = np.empty((n, *self.shape), np.uint8) if out is None else out
             stats = None
         chunks = max(1, min(n, 2 * self.pool.workers))
         starts = [n * i // chunks for i in range(chunks + 1)]
-        futures = [self.pool.submit(self._rows, blobs, sizes, boxes, out, starts[i], starts[i + 1], stats)
+        futures = [self.pool.submit(self._rows, blobs, sizes, boxes, result, starts[i], starts[i + 1], stats)
                    for i in range(chunks)]
-        return PendingBatch(out, futures, starts)
+        return PendingBatch(result, futures, starts)
 
     def decode(self, blobs, train: bool, **kw) -> np.ndarray:
         return self.submit(blobs, train, **kw).result()

@@ -14,7 +14,8 @@ Either way the box (scaled to the decoded size, rounded to whole pixels) is resa
 ``out_h × out_w`` once with torch's uint8 antialiased bilinear filter (the filter of Pillow's
 ``resize``, within a grey level or so, at about half its cost here: 0.37 against 0.75 ms for a
 240-pixel box), mirrored when the crop says so, and written as (C, H, W) uint8 into ``out``. torch
-releases the GIL in its operators too. Why simplejpeg over PyTurboJPEG and pillow-simd: docs/data.md ("Choosing the JPEG decoder").
+releases the GIL in its operators too. Why simplejpeg over PyTurboJPEG and pillow-simd: docs/data.md
+("Choosing the JPEG decoder").
 Without DCT scaling the two backends give the same pixels (the same libjpeg-turbo IDCT, measured
 bit-identical here); scaled, they may differ by a grey level or so: a run uses one backend
 throughout (the loader picks it once).
@@ -56,7 +57,7 @@ def resolve(backend: str = "auto") -> str:
 
 
 def _bytes(blob) -> bytes | memoryview:
-    return memoryview(blob) if isinstance(blob, np.ndarray) else blob
+    return blob.data if isinstance(blob, np.ndarray) else blob
 
 
 def image_size(blob, backend: str) -> tuple[int, int]:

@@ -102,7 +102,7 @@ class JpegBatches:
         if self.on_device is not None:
             yield from self._device_batches(epoch, skip, rank, augment)
             return
-        stats, pending = self.loader.stats, deque()
+        stats, pending = self.loader.stats, deque[tuple]()
         for step, (xw, yw, idx) in enumerate(self.loader.window_batches(epoch, skip, rank), start=skip):
             ids = self.loader.window_ids(rank)[idx]
             t0 = time.perf_counter()

@@ -6,7 +6,8 @@ plan, by construction: checked here box by box) and give the same pixels within 
 tolerance. nvJPEG decodes at full size, so the CPU side's DCT-domain scaling is switched off for
 the comparison (its own difference is test_data_decode.py's); then both resize the same
 whole-pixel box with torch's antialiased bilinear filter, one batched on the device, one per
-image: mean absolute difference at most 1 grey level, 99th percentile at most 12. What runs on a real GPU (nvJPEG, CUDA streams) has not run here: docs/gpus.md.
+image: mean absolute difference at most 1 grey level, 99th percentile at most 12. What runs on a
+real GPU (nvJPEG, CUDA streams) has not run here: docs/gpus.md.
 """
 import io
 
