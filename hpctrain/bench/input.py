@@ -135,6 +135,48 @@ def _decode_rate(fn, blobs: list, n: int) -> tuple[float, float]:
     return n / wall, (time.thread_time() - c0) / wall
 
 
+def gil_ticks(fn, n: int = 40, interval_s: float = 1.0) -> float:
+    """Main-thread loop iterations per millisecond spent inside ``fn`` running in another thread,
+    with the interpreter's switch interval at ``interval_s`` (longer than the ``n`` calls take):
+    the main thread then runs only while ``fn`` has released the GIL, so 0 means ``fn`` holds it, hundreds mean it releases it. Load on the host
+    only lowers the count: unlike wall-clock scaling, it does not need a free core."""
+    import sys
+    import threading
+    spans: list = []
+    ticks: list = []
+    done = threading.Event()
+
+    def work():
+        for i in range(n):
+            t0 = time.perf_counter()
+            fn(i)
+            spans.append((t0, time.perf_counter()))
+        done.set()
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(interval_s)
+    try:
+        th = threading.Thread(target=work)
+        th.start()
+        while not done.is_set():
+            ticks.append(time.perf_counter())
+        th.join()
+    finally:
+        sys.setswitchinterval(old)
+    t = np.array(ticks)
+    inside = sum(int(((t > a) & (t < b)).sum()) for a, b in spans)
+    return inside / max(sum(b - a for a, b in spans) * 1e3, 1e-9)
+
+
+def gil_rows(blobs: list) -> dict:
+    """:func:`gil_ticks` of the decoders, torch's resize, and a control that holds the GIL."""
+    import torch.nn.functional as F
+    fns = {name: (lambda i, fn=fn: fn(blobs[i % len(blobs)])) for name, fn in decoders_only().items()}
+    img = torch.zeros(1, 3, 340, 400, dtype=torch.uint8).contiguous(memory_format=torch.channels_last)
+    fns["torch resize"] = lambda i: F.interpolate(img, size=(224, 224), mode="bilinear", antialias=True)
+    fns["control: sum(range) (holds the GIL)"] = lambda i: sum(range(100_000))
+    return {name: gil_ticks(fn) for name, fn in fns.items()}
+
+
 def measure(args) -> list[dict]:
     from hpctrain.bench.input_data import photos
     torch.set_num_threads(1)
@@ -146,7 +188,9 @@ def measure(args) -> list[dict]:
         for r in range(args.rounds):
             for key in (keys if r % 2 == 0 else keys[::-1]):
                 got[key].append(runs[key]())
-    return rows_of(got, args)
+    rows = rows_of(got, args)
+    rows.append({"contender": "GIL check", "ticks_per_ms": gil_rows(blobs)})
+    return rows
 
 
 def rows_of(got: dict, args) -> list[dict]:
@@ -155,8 +199,8 @@ def rows_of(got: dict, args) -> list[dict]:
         rates = [v[0] for v in vals]
         row = {"contender": name, "workers": k, "img_s": statistics.median(rates),
                "cpu_per_wall": statistics.median(v[1] for v in vals), "rounds": rates,
-               "img_per_cpu_s": statistics.median(v[0] / v[1] for v in vals if v[1] > 0) if name != "DataLoader"
-               else None}
+               "img_per_cpu_s": (statistics.median(v[0] / v[1] for v in vals)
+                                 if name != "DataLoader" and min(v[1] for v in vals) > 0.02 else None)}
         base = got.get(("DataLoader", k)) if name == "hpctrain" else None
         if base:
             row["x_dataloader"] = statistics.median(a[0] / b[0] for a, b in zip(vals, base))
@@ -172,6 +216,8 @@ def format_table(rows: list[dict], gpu_rate: float) -> str:
              "|---|---:|---:|---:|---:|---:|---:|"]
     def f(r: dict, key: str) -> str:
         return f"{r[key]:.2f}" if r.get(key) is not None else ""
+    gil = next((r["ticks_per_ms"] for r in rows if r["contender"] == "GIL check"), {})
+    rows = [r for r in rows if r["contender"] != "GIL check"]
     for r in rows:
         per_cpu = f"{r['img_per_cpu_s']:.0f}" if r.get("img_per_cpu_s") else ""
         lines.append(f"| {r['contender']} | {r['workers']} | {r['img_s']:.0f} | {f(r, 'x_dataloader')} | "
@@ -183,6 +229,9 @@ def format_table(rows: list[dict], gpu_rate: float) -> str:
                      f"1 worker, this host), feeding {gpu_rate:.0f} img/s per GPU (ResNet-50 v1.5, mixed precision: "
                      f"approximately NVIDIA's published A100 figure) needs about {math.ceil(gpu_rate / rate)} cores "
                      f"per GPU.")
+    if gil:
+        lines.append("GIL released while running (main-thread ticks per ms inside the call, switch interval 1 s; "
+                     "0 = holds it): " + ", ".join(f"{k} {v:.0f}" for k, v in gil.items()))
     return "\n".join(lines)
 
 

@@ -152,3 +152,17 @@ def test_workers_normalise_bit_for_bit_as_the_batch_normalisation(shards):
     norm = Normalize.of(ld.shards.index)
     assert decoded[0][0].dtype == np.uint8 and len(got) == len(decoded)
     assert all(torch.equal(x, norm(u)) for (x, _), (u, _) in zip(got, decoded))
+
+
+def test_fitted_shards_decode_as_before_on_the_pool(tmp_path):
+    """Shards written before whole images (index without ``jpeg``): the old decode, now on the pool."""
+    from hpctrain.data.images import decode_batch
+    from hpctrain.data.loader import eval_prep
+    from hpctrain.data_tools.sources import from_arrays
+    x = np.random.default_rng(0).integers(0, 256, (10, 3, 16, 16), dtype=np.uint8)
+    convert(from_arrays({"train": (x, np.arange(10) % 2)}, ["a", "b"], "t", encode="jpeg"), str(tmp_path), 2)
+    s = ShardSet(read_index(str(tmp_path)), "train")
+    assert s.index.stored == "fitted"
+    got = torch.cat([b for b, _ in eval_batches(s, rank=0, size=1, batch_size=4, workers=2)])
+    blobs, _ = s.read_range(0, 10)
+    assert torch.equal(got, eval_prep(s)(decode_batch(blobs, (3, 16, 16))))
