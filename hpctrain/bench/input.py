@@ -138,8 +138,9 @@ def _decode_rate(fn, blobs: list, n: int) -> tuple[float, float]:
 def gil_ticks(fn, n: int = 40, interval_s: float = 1.0) -> float:
     """Main-thread loop iterations per millisecond spent inside ``fn`` running in another thread,
     with the interpreter's switch interval at ``interval_s`` (longer than the ``n`` calls take):
-    the main thread then runs only while ``fn`` has released the GIL, so 0 means ``fn`` holds it, hundreds mean it releases it. Load on the host
-    only lowers the count: unlike wall-clock scaling, it does not need a free core."""
+    the main thread then runs only while ``fn`` has released the GIL, so 0 means ``fn`` holds it,
+    hundreds mean it releases it. Load on the host only lowers the count: unlike wall-clock
+    scaling, it does not need a free core."""
     import sys
     import threading
     spans: list = []
