@@ -36,6 +36,7 @@ import resource
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -171,7 +172,8 @@ def gil_ticks(fn, n: int = 40, interval_s: float = 1.0) -> float:
 def gil_rows(blobs: list) -> dict:
     """:func:`gil_ticks` of the decoders, torch's resize, and a control that holds the GIL."""
     import torch.nn.functional as F
-    fns = {name: (lambda i, fn=fn: fn(blobs[i % len(blobs)])) for name, fn in decoders_only().items()}
+    fns: dict[str, Callable] = {name: (lambda i, fn=fn: fn(blobs[i % len(blobs)]))
+                                for name, fn in decoders_only().items()}
     img = torch.zeros(1, 3, 340, 400, dtype=torch.uint8).contiguous(memory_format=torch.channels_last)
     fns["torch resize"] = lambda i: F.interpolate(img, size=(224, 224), mode="bilinear", antialias=True)
     fns["control: sum(range) (holds the GIL)"] = lambda i: sum(range(100_000))
@@ -217,7 +219,7 @@ def format_table(rows: list[dict], gpu_rate: float) -> str:
              "|---|---:|---:|---:|---:|---:|---:|"]
     def f(r: dict, key: str) -> str:
         return f"{r[key]:.2f}" if r.get(key) is not None else ""
-    gil = next((r["ticks_per_ms"] for r in rows if r["contender"] == "GIL check"), {})
+    gil: dict = next((r["ticks_per_ms"] for r in rows if r["contender"] == "GIL check"), {})
     rows = [r for r in rows if r["contender"] != "GIL check"]
     for r in rows:
         per_cpu = f"{r['img_per_cpu_s']:.0f}" if r.get("img_per_cpu_s") else ""
