@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--size", type=int, nargs=2, metavar=("H", "W"), help="resize to cover H×W, then centre-crop")
     c.add_argument("--encode", choices=("raw", "jpeg"), default="raw",
                    help="raw: decoded uint8 arrays; jpeg: encoded bytes (vlen), decoded by the loader")
+    c.add_argument("--max-side", type=int, metavar="N",
+                   help="imagefolder --encode jpeg: re-encode only images whose longer side exceeds N, shrunk to N "
+                        "(the others keep their bytes)")
     c.add_argument("--test-fraction", type=float, default=0.2,
                    help="held-out share in [0, 1) when the source has no test split (said when used)")
     c.add_argument("--test-file", metavar="NPZ",
@@ -94,6 +97,12 @@ def _convert(args) -> str:
         raise ValueError(f"{test_file}: a test file is read by --from npz only (--from {args.kind} has one source)")
     names = [n.strip() for n in args.class_names.split(",")] if args.class_names else None
     extra = {"test_file": test_file} if test_file else {}
+    if args.max_side is not None:
+        if args.max_side < 1:
+            raise ValueError(f"--max-side {args.max_side}: must be positive")
+        if args.kind != "imagefolder" or args.encode != "jpeg":
+            raise ValueError("--max-side applies to --from imagefolder --encode jpeg only")
+        extra["max_side"] = args.max_side
     source = SOURCES[args.kind](args.src, test_fraction=args.test_fraction, seed=args.seed,
                                 size=tuple(args.size) if args.size else None, encode=args.encode, class_names=names,
                                 allow_nonfinite=args.allow_nonfinite, **extra)

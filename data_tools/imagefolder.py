@@ -8,8 +8,12 @@ batch a few classes only. Images decode lazily, per range, so each rank of a par
 opens only its own files.
 
 ``--encode raw``: decoded to (3, H, W) uint8 — at ``--size H W`` (cover, centre-crop), or at the
-common size of all images. ``--encode jpeg``: JPEG files keep their original bytes (no second
-lossy step), other formats are re-encoded at ``--size``; every image is decoded once here so an
+common size of all images. ``--encode jpeg``: each *whole* image is stored, so the loader cuts
+its crops from all of it at decode time (``hpctrain/data/crops.py``); ``--size`` is then the size
+the loader decodes to. RGB and greyscale JPEG files keep their original bytes (no second lossy
+step) unless ``--max-side N`` is given and their longer side exceeds ``N``: only those are
+re-encoded, shrunk to ``N``; other formats (and CMYK JPEGs) are re-encoded whole. The index says
+so (``"jpeg": {"stored": "whole", "max_side": N}``). Every image is decoded once here so an
 unreadable one fails the conversion, not the training run.
 
 Only regular files (or links to them) are opened: a FIFO named ``x.png`` would block the open
@@ -82,7 +86,29 @@ def _open(path: str, draft: tuple | None = None):
         raise SourceError(f"{path}: unreadable image ({type(exc).__name__}: {exc})") from None
 
 
-def _split_reader(items: list, shape: tuple, encode: str, fixed_size: bool):
+JPEG_QUALITY = 95            # re-encoded images (not JPEG, CMYK, or over --max-side)
+
+
+def whole_jpeg(path: str, max_side: int | None) -> bytes:
+    """The bytes to store for the whole image at ``path`` (module docstring)."""
+    Image = images.pil()
+    with Image.open(path) as img:
+        big = max_side is not None and max(img.size) > max_side
+        if img.format == "JPEG" and img.mode in ("RGB", "L") and not big:
+            with open(path, "rb") as fh:
+                return fh.read()
+        if big:
+            w, h = img.size
+            f = max_side / max(w, h)
+            size = (max(1, round(w * f)), max(1, round(h * f)))
+            img.draft("RGB", size)
+            out = img.convert("RGB").resize(size, Image.Resampling.LANCZOS)
+        else:
+            out = img.convert("RGB")
+        return images.encode_jpeg(images.to_chw(out, 3), JPEG_QUALITY)
+
+
+def _split_reader(items: list, shape: tuple, encode: str, fixed_size: bool, max_side: int | None = None):
     c, h, w = shape
 
     def read(lo: int, hi: int) -> Chunk:
@@ -93,13 +119,12 @@ def _split_reader(items: list, shape: tuple, encode: str, fixed_size: bool):
                 raise SourceError(f"{path}: image is {img.height}x{img.width}, the first one is {h}x{w}; "
                                   f"pass --size H W to resize")
             px[k] = images.to_chw(images.fit(img, h, w), c)
-            if encode == "jpeg":
-                if img.format == "JPEG":
-                    with open(path, "rb") as fh:
-                        xs.append(fh.read())
-                else:
-                    xs.append(images.encode_jpeg(px[k]))
             img.close()
+            if encode == "jpeg":
+                try:
+                    xs.append(whole_jpeg(path, max_side))
+                except OSError as exc:
+                    raise SourceError(f"{path}: unreadable image ({type(exc).__name__}: {exc})") from None
         y = np.array([label for _, label in items[lo:hi]], np.int64)
         return Chunk(xs if encode == "jpeg" else px, y, px)
     return read
@@ -107,7 +132,7 @@ def _split_reader(items: list, shape: tuple, encode: str, fixed_size: bool):
 
 @source("imagefolder")
 def load_imagefolder(src: str | None, *, test_fraction: float = 0.2, seed: int = 0, size=None,
-                     encode="raw", class_names=None, **_) -> Source:
+                     encode="raw", class_names=None, max_side: int | None = None, **_) -> Source:
     """A class-per-folder image tree, as (3, H, W) uint8 (raw) or kept JPEG bytes."""
     if not src or not os.path.isdir(src):
         raise SourceError(f"{src}: image folder not found")
@@ -137,5 +162,6 @@ def load_imagefolder(src: str | None, *, test_fraction: float = 0.2, seed: int =
         h, w = first.height, first.width
         first.close()
     shape = (3, h, w)
-    return Source({k: SplitSource(len(v), _split_reader(v, shape, encode, bool(size))) for k, v in splits.items()},
-                  class_names or classes, shape, "uint8", encode, src)
+    index_extra = {"jpeg": {"stored": "whole", "max_side": max_side}} if encode == "jpeg" else {}
+    return Source({k: SplitSource(len(v), _split_reader(v, shape, encode, bool(size), max_side))
+                   for k, v in splits.items()}, class_names or classes, shape, "uint8", encode, src, extra=index_extra)

@@ -84,7 +84,8 @@ def shard_jobs(source: Source, n_shards: int) -> list[tuple[str, int, int, int, 
 
 
 def _fingerprint(source: Source, job: tuple, tag: str) -> str:
-    desc = json.dumps([tag, list(source.sample_shape), source.dtype, source.encoding, source.class_names, job])
+    desc = json.dumps([tag, list(source.sample_shape), source.dtype, source.encoding, source.class_names, job,
+                       *([source.extra] if source.extra else [])])
     return hashlib.sha256(desc.encode()).hexdigest()
 
 
@@ -163,7 +164,7 @@ def _index_meta(source: Source, jobs: list, records: list) -> dict:
             total.merge(Moments(total.c, m["count"], m["sum"], m["sumsq"]))
     return {"sample_shape": list(source.sample_shape), "dtype": source.dtype, "encoding": source.encoding,
             "num_classes": len(source.class_names), "class_names": list(source.class_names),
-            "normalize": total.normalize(), "splits": splits}
+            "normalize": total.normalize(), "splits": splits, **source.extra}
 
 
 def convert(source: Source, out: str, n_shards: int = 1, *, comm=None, tag: str = "",

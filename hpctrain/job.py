@@ -176,7 +176,9 @@ def evaluate(job: Job, batch_size: int = 256) -> dict:
     topo = job.topo
     correct = loss_sum = count = 0.0
     # every rank scores the same model: the update in flight done, rank 0's BN statistics
-    batches = eval_batches(job.test_set, rank=topo.rank, size=topo.size, batch_size=batch_size, raw=job.raw)
+    workers = job.loader.jpeg.workers if job.loader.jpeg else 1          # JPEG: the training loader's decode pool size
+    batches = eval_batches(job.test_set, rank=topo.rank, size=topo.size, batch_size=batch_size, raw=job.raw,
+                           workers=workers)
     prep = eval_prep(job.test_set) if job.raw else None
     with job.trainer.evaluation() as model, torch.no_grad():
         for x, y in device_batches(batches, job.device, prep):

@@ -8,6 +8,7 @@ BENCHES = {
     "allreduce": "hpctrain.bench.allreduce",
     "compat": "hpctrain.bench.compat",
     "ddp": "hpctrain.bench.ddp",
+    "input": "hpctrain.bench.input",
     "io": "hpctrain.bench.io",
     "kernels": "hpctrain.bench.kernels",
     "step": "hpctrain.bench.step",

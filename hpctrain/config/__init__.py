@@ -64,6 +64,11 @@ class DataConfig:
                                 "open and each data block as it is first read; v1/v2 whole files at open: shared (each "
                                 "shard by one rank, once per job) | node (each node checks its own copy) | off",
                       choices="hpctrain.data.shards:VERIFY_MODES")
+    workers: int = opt(0, "JPEG decode threads per rank: 0 = auto (the cores of the rank's CPU affinity; shared "
+                          "among the node's ranks when they are not bound to cores)", range=Range(0, 64))
+    decode: str = opt("auto", "JPEG decode: auto (gpu when the job trains on CUDA and torchvision imports) | cpu | "
+                              "gpu (nvJPEG through torchvision, crops on the device)",
+                      choices="hpctrain.data.factory:DECODES")
 
 
 @dataclass

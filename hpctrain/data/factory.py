@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from hpctrain.config.values import matching_options
 from hpctrain.data.augment import KINDS, Augment
+from hpctrain.data.decodepool import resolve_workers
 from hpctrain.data.hdf5 import DRIVERS
 from hpctrain.data.loader import ShardLoader
 from hpctrain.data.index import ShardError, ShardIndex
@@ -19,6 +20,7 @@ from hpctrain.data.shards import ShardSet
 from hpctrain.errors import ConfigError
 
 READERS = ("rank", "node")
+DECODES = ("auto", "cpu", "gpu")
 
 
 def _check(key: str, value: str, allowed: tuple) -> None:
@@ -56,11 +58,15 @@ def train_loader(index: ShardIndex, topo, *, batch_size: int, seed: int = 0, blo
                  shuffle_window: int = 1024, prefetch: int = 2, drop_last: bool = True, augment: bool = False,
                  augment_kind: str = "auto", augment_flip: bool = True, reader: str = "rank",
                  hdf5_driver: str = "auto", verify: str = "shared", split: str = "train",
-                 raw: bool = False) -> ShardLoader:
+                 raw: bool = False, workers: int = 0, decode: str = "auto") -> ShardLoader:
     """The per-rank training loader (``batch_size`` per rank). Collective over ``topo.comm``.
 
     ``raw``: batches as stored, normalised by the consumer on its device (``loader.batch_prep``);
     the job asks for them when it trains on a GPU.
+
+    ``workers``: JPEG decode threads (0: :func:`decodepool.default_workers` for this rank, from its
+    CPU affinity and ``topo.local_size``). ``decode``: where JPEG batches are decoded (``auto``:
+    on the GPU when ``raw`` batches go to CUDA and torchvision imports; :mod:`gpudecode`).
 
     ``loader.close()`` stops its threads, frees the node window and closes the shards (all
     collective where the parts are); ``loader.describe()`` is the start-up log line.
@@ -68,6 +74,8 @@ def train_loader(index: ShardIndex, topo, *, batch_size: int, seed: int = 0, blo
     _check("reader", reader, READERS)
     _check("hdf5_driver", hdf5_driver, DRIVERS)
     _check("augment_kind", augment_kind, KINDS)
+    _check("decode", decode, DECODES)
+    n_workers = resolve_workers(workers, topo.local_size)
     if reader == "node":
         shards, node_comm = _node_reader_shards(index, split, topo, hdf5_driver, verify), topo.intra
     else:
@@ -76,7 +84,8 @@ def train_loader(index: ShardIndex, topo, *, batch_size: int, seed: int = 0, blo
     transform = Augment(augment_kind, flip=augment_flip) if augment else None
     loader = ShardLoader(shards, rank=topo.rank, size=topo.size, batch_size=batch_size, seed=seed,
                          block_size=block_size, shuffle_window=shuffle_window, prefetch=prefetch,
-                         drop_last=drop_last, transform=transform, node_comm=node_comm, raw=raw)
+                         drop_last=drop_last, transform=transform, node_comm=node_comm, raw=raw,
+                         workers=n_workers, decode=decode)
     loader.owns_shards = True
     return loader
 

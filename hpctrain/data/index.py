@@ -16,6 +16,10 @@ the directory are followed, as its owner may assemble a dataset from several fil
 Version 2 adds ``encoding``: ``"raw"`` (the v1 layout; a v1 index means raw) or ``"jpeg"``, where
 ``x`` is (N,) variable-length uint8 (h5py ``vlen_dtype``), one encoded image per sample, and
 ``sample_shape``/``dtype`` describe the *decoded* sample the loader produces (``images.py``).
+An optional ``jpeg`` object (any version) says how JPEG samples were stored: ``{"stored": "whole",
+"max_side": N or null}`` — each whole image (the source file's own bytes where it was a JPEG no
+longer than ``max_side``), so the loader cuts its crops at decode time (``crops.py``); absent or
+``"fitted"``: every image was fitted to ``sample_shape`` (what hpctrain wrote before, read as before).
 Version 3 adds to each shard entry ``blocks``: ``{"bytes": B, "file_bytes": S, "sha256": [...],
 "data": [[a, b], ...]}``, the SHA-256 of every ``B``-byte range of the ``S``-byte file (block k is
 bytes ``k*B .. min((k+1)*B, S)``) and the block ranges ``[a, b)`` that lie wholly inside the
@@ -63,6 +67,7 @@ BLOCK_DIGESTS = {"xxh3_128": 32, "sha256": 64}   # a block digest's name in the 
 BLOCK_DIGEST = "xxh3_128"      # what the writer makes (module docstring: why)
 DIGEST_LABELS = {"xxh3_128": "XXH3-128", "sha256": "SHA-256"}
 ENCODINGS = ("raw", "jpeg")
+JPEG_STORED = ("fitted", "whole")
 INDEX = "index.json"
 
 
@@ -197,6 +202,7 @@ class ShardIndex:
     normalize: dict
     splits: dict
     encoding: str = "raw"
+    stored: str = "fitted"      # jpeg: "fitted" (sample_shape, cover + centre crop) | "whole" (crops cut at decode)
 
     def num_samples(self, split: str) -> int:
         return int(self.split(split)["num_samples"])
@@ -237,7 +243,15 @@ def read_index(directory: str) -> ShardIndex:
     return ShardIndex(directory=directory, sample_shape=tuple(meta["sample_shape"]), dtype=meta["dtype"],
                       num_classes=int(meta["num_classes"]), class_names=list(meta.get("class_names", [])),
                       normalize=meta.get("normalize", {}), splits=meta["splits"],
-                      encoding=meta.get("encoding", "raw"))
+                      encoding=meta.get("encoding", "raw"), stored=_jpeg_stored(path, meta))
+
+
+def _jpeg_stored(path: str, meta: dict) -> str:
+    """``jpeg.stored`` (absent: ``fitted``, what every index before it means)."""
+    stored = (meta.get("jpeg") or {}).get("stored", "fitted") if isinstance(meta.get("jpeg", {}), dict) else None
+    if stored not in JPEG_STORED:
+        raise ShardError(f"{path}: field 'jpeg.stored' is {stored!r}, expected one of {JPEG_STORED}")
+    return stored
 
 
 def _check_split(path: str, name: str, sp) -> None:

@@ -35,7 +35,8 @@ import torch
 
 from hpctrain.data import plan
 from hpctrain.data.augment import BatchPrep, Normalize, generator_for
-from hpctrain.data.images import decode_batch
+from hpctrain.data.jpegstream import JpegBatches
+from hpctrain.data.index import ShardError
 from hpctrain.data.shards import ShardSet
 
 
@@ -103,7 +104,10 @@ class _Prefetcher:
 
 
 def host_tensor(a: np.ndarray, pin: bool) -> torch.Tensor:
-    """``a`` as a tensor of its own dtype, copied into page-locked memory when ``pin``."""
+    """``a`` as a tensor of its own dtype, copied into page-locked memory when ``pin`` (a tensor
+    already on a device, from the GPU decode, as it is)."""
+    if isinstance(a, torch.Tensor) and a.device.type != "cpu":
+        return a
     t = torch.from_numpy(np.ascontiguousarray(a))
     return t.pin_memory() if pin else t
 
@@ -124,7 +128,8 @@ class ShardLoader:
     def __init__(self, shards: ShardSet, *, rank: int, size: int, batch_size: int, seed: int = 0,
                  block_size: int = 32, shuffle_window: int = 1024, prefetch: int = 2,
                  drop_last: bool = True, transform: Callable | None = None, node_comm=None,
-                 node_slots: int = 2, raw: bool = False):
+                 node_slots: int = 2, raw: bool = False, workers: int = 1, jpeg_backend: str = "auto",
+                 decode: str = "cpu", decode_device: torch.device | None = None):
         self.shards, self.rank, self.size = shards, rank, size
         self.batch_size, self.seed, self.block_size = batch_size, seed, block_size
         self.shuffle_window, self.prefetch, self.drop_last = shuffle_window, prefetch, drop_last
@@ -139,10 +144,13 @@ class ShardLoader:
         self._bufs: dict = {}
         self._active: _Prefetcher | None = None
         self._resume_at: tuple | None = None       # (epoch, augment) the running thread is at
+        self._ids: dict = {}                       # rank -> global sample ids of its window buffer
         self.node = None
         if node_comm is not None:
             from hpctrain.data.noderead import NodeReader
             self.node = NodeReader(self, node_comm, slots=node_slots)
+        self.jpeg = (JpegBatches(self, workers, jpeg_backend, decode, decode_device)
+                     if shards.index.encoding == "jpeg" else None)
 
     def __len__(self) -> int:
         return self.steps
@@ -152,8 +160,9 @@ class ShardLoader:
         mode = self.node.describe() if self.node else "per-rank reading"
         raw = (f"; raw {self.shards.index.dtype} batches{' (pinned)' if self.pin else ''}, normalised on the device"
                if self.raw else "")
+        jpeg = f"; {self.jpeg.describe()}" if self.jpeg else ""
         return (f"{mode}; {self.shards.describe()}; augment {self.transform or 'off'}; prefetch {self.prefetch}"
-                f"{raw}")
+                f"{jpeg}{raw}")
 
     def runs(self, epoch: int, rank: int | None = None) -> list[tuple[int, int]]:
         total = None if self.drop_last else self.steps * self.global_batch
@@ -167,8 +176,12 @@ class ShardLoader:
         if key not in self._bufs:
             x = np.empty(capacity, object) if jpeg else np.empty((capacity, *self.shards.index.sample_shape),
                                                                  self.shards.index.dtype)
-            self._bufs[key] = (x, np.empty(capacity, np.int64))
+            self._bufs[key] = (x, np.empty(capacity, np.int64), np.empty(capacity, np.int64))
         return self._bufs[key]
+
+    def window_ids(self, rank: int) -> np.ndarray:
+        """The global sample ids of ``rank``'s window buffer, as :meth:`window_batches` last filled it."""
+        return self._ids[rank]
 
     def window_batches(self, epoch: int, skip: int = 0,
                        rank: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -179,9 +192,10 @@ class ShardLoader:
         """
         rank = self.rank if rank is None else rank
         window, b = max(self.shuffle_window, self.batch_size), self.batch_size
-        xw, yw = self._buffers(rank, 2 * window)
+        xw, yw, iw = self._buffers(rank, 2 * window)
+        self._ids[rank] = iw
         emitted = 0
-        for order in self._windows(epoch, rank, xw, yw, window):
+        for order in self._windows(epoch, rank, xw, yw, window, iw):
             for k in range(0, len(order) // b * b, b):
                 if emitted >= self.steps:
                     return
@@ -189,7 +203,7 @@ class ShardLoader:
                     yield xw, yw, order[k:k + b]
                 emitted += 1
 
-    def _windows(self, epoch: int, rank: int, xw: np.ndarray, yw: np.ndarray, window: int):
+    def _windows(self, epoch: int, rank: int, xw: np.ndarray, yw: np.ndarray, window: int, iw: np.ndarray):
         """Fill the window buffers run by run; yield the shuffled order of each full window (and
         of the last, partial one). When the caller asks for the next window, the samples left past
         the last whole batch move to the front and the window fills up behind them."""
@@ -201,13 +215,14 @@ class ShardLoader:
                 t0 = time.perf_counter()
                 self.shards.read_into(s, e, xw[pos:], yw[pos:])
                 self.stats.read_s += time.perf_counter() - t0
+                iw[pos:pos + e - s] = np.arange(s, e)
                 pos += e - s
                 if pos < window:
                     continue
                 order = rng.permutation(pos) if self.shuffle_window else np.arange(pos)
                 yield order
                 rest = order[pos // b * b:]
-                xw[:len(rest)], yw[:len(rest)] = xw[rest], yw[rest]
+                xw[:len(rest)], yw[:len(rest)], iw[:len(rest)] = xw[rest], yw[rest], iw[rest]
                 pos = len(rest)
         if pos:
             yield rng.permutation(pos) if self.shuffle_window else np.arange(pos)
@@ -218,20 +233,19 @@ class ShardLoader:
         for xw, yw, idx in self.window_batches(epoch, skip, rank):
             yield xw[idx], yw[idx]
 
-    def decoded_batches(self, epoch: int, skip: int = 0,
-                        rank: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """Like :meth:`raw_batches`, with JPEG samples decoded to ``sample_shape`` uint8."""
-        jpeg = self.shards.index.encoding == "jpeg"
-        shape = tuple(self.shards.index.sample_shape)
-        for x, y in self.raw_batches(epoch, skip, rank):
-            if jpeg:
-                t0 = time.perf_counter()
-                x = decode_batch(x, shape)
-                self.stats.decode_s += time.perf_counter() - t0
-            yield x, y
+    def decoded_batches(self, epoch: int, skip: int = 0, rank: int | None = None, augment: bool = True,
+                        normalize: Normalize | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Like :meth:`raw_batches`, with JPEG samples decoded to ``sample_shape`` uint8 on the
+        decode workers (crops cut at decode for whole-image shards: :mod:`jpegstream`); with
+        ``normalize``, JPEG batches come normalised by the workers (float32 tensors)."""
+        if self.jpeg is None:
+            yield from self.raw_batches(epoch, skip, rank)
+            return
+        yield from self.jpeg.batches(epoch, skip, self.rank if rank is None else rank, augment, normalize)
 
     def _prep(self, epoch: int, augment: bool, skip: int) -> BatchPrep:
-        transform = self.transform if augment else None
+        cut = self.jpeg is not None and self.jpeg.train_crops     # the crop was cut at decode time
+        transform = self.transform if augment and not cut else None
         gen_at = functools.partial(generator_for, self.seed, epoch, self.rank) if transform is not None else None
         return BatchPrep(self.to_tensor, transform, gen_at, step=skip)
 
@@ -244,11 +258,14 @@ class ShardLoader:
         return self._prep(epoch, augment, skip) if self.raw else _unchanged
 
     def _batches(self, epoch: int, skip: int, augment: bool):
-        source = self.node.batches(epoch, skip) if self.node else self.decoded_batches(epoch, skip)
         prep = None if self.raw else self._prep(epoch, augment, skip)
+        # JPEG with nothing after the normalisation: the decode workers normalise (same bits, in parallel)
+        in_workers = prep is not None and prep.transform is None and self.jpeg is not None and not self.node
+        source = self.node.batches(epoch, skip) if self.node else self.decoded_batches(
+            epoch, skip, augment=augment, normalize=prep.normalize if in_workers and prep else None)
         for x, y in source:
             t0 = time.perf_counter()
-            t = host_tensor(x, self.pin) if prep is None else prep(x)     # None: raw
+            t = host_tensor(x, self.pin) if prep is None else x if in_workers else prep(x)     # None: raw
             self.stats.prep_s += time.perf_counter() - t0
             self.stats.batches += 1
             yield t, host_tensor(y, self.pin)
@@ -286,12 +303,14 @@ class ShardLoader:
             self.node.cancel()      # unblocks a thread still waiting on the window
         self._stop_active()
         if self.node:
+            self.node.augment = augment
             self.node.start(epoch, skip)
         self._active = _Prefetcher(self._stream(epoch, skip, augment), self.prefetch, self.stats)
         return self._take(iter(self._active), epoch, augment)
 
     def _node_epoch(self, epoch: int, skip: int, augment: bool):
         assert self.node is not None
+        self.node.augment = augment
         self.node.start(epoch, skip)
         return self._batches(epoch, skip, augment)
 
@@ -310,13 +329,15 @@ class ShardLoader:
         if self.node:
             self.node.close()
             self.node = None
+        if self.jpeg is not None:
+            self.jpeg.close()
         if self.owns_shards:
             self.shards.close()
             self.owns_shards = False
 
 
 def eval_batches(shards: ShardSet, *, rank: int, size: int, batch_size: int,
-                 raw: bool = False) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+                 raw: bool = False, workers: int = 1) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """This rank's contiguous share of an evaluation split, in order; last batch may be short.
 
     With ``raw`` the samples come as stored, pinned when CUDA is available, for
@@ -325,13 +346,35 @@ def eval_batches(shards: ShardSet, *, rank: int, size: int, batch_size: int,
     pin = raw and torch.cuda.is_available()
     prep = eval_prep(shards)
     lo, hi = plan.block_range(shards.num_samples, size, rank)
-    for s in range(lo, hi, batch_size):
-        x, y = shards.read_range(s, min(hi, s + batch_size))
-        if idx.encoding == "jpeg":
-            x = decode_batch(x, tuple(idx.sample_shape))
-        yield (host_tensor(x, pin), host_tensor(y, pin)) if raw else (prep(x), torch.from_numpy(y))
+    decode, pool = eval_decoder(shards, workers) if idx.encoding == "jpeg" else (None, None)
+    try:
+        for s in range(lo, hi, batch_size):
+            x, y = shards.read_range(s, min(hi, s + batch_size))
+            if decode is not None:
+                x = decode(x, s)
+            yield (host_tensor(x, pin), host_tensor(y, pin)) if raw else (prep(x), torch.from_numpy(y))
+    finally:
+        if pool is not None:
+            pool.close()
 
 
 def eval_prep(shards: ShardSet) -> BatchPrep:
     """Evaluation's :class:`BatchPrep` for ``shards``: normalisation only, never augmented."""
     return BatchPrep(Normalize.of(shards.index))
+
+
+def eval_decoder(shards: ShardSet, workers: int = 1):
+    """``(decode, pool)``: ``decode(blobs, first_global_id)`` for evaluation: the centre crop (whole-image shards) or
+    the fitted decode, on ``workers`` threads; a bad file is a ShardError naming its sample."""
+    from hpctrain.data.decodepool import CropDecoder, DecodePool, SampleError
+    from hpctrain.data.jpegstream import FittedDecoder, sample_name
+    idx, pool = shards.index, DecodePool(workers)
+    cls = CropDecoder if idx.stored == "whole" else FittedDecoder
+    decoder = cls(tuple(idx.sample_shape), pool, "auto" if idx.stored == "whole" else "pil")
+
+    def decode(blobs, first: int) -> np.ndarray:
+        try:
+            return decoder.decode(blobs, False)
+        except SampleError as exc:
+            raise ShardError(f"{sample_name(shards, first + exc.k)}: JPEG does not decode ({exc})") from None
+    return decode, pool

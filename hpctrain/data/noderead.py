@@ -13,7 +13,8 @@ memory barrier, the MPI-3 shared-memory pattern of Hoefler et al., "MPI+MPI", Co
 ``ready[slot]`` holds the sequence number of the batch in the slot, ``taken[slot, local_rank]``
 the last one each rank copied out. Sequence numbers are ``call * 2**32 + step + 1`` where
 ``call`` counts :meth:`start` calls, identical on the node's ranks because they train in step.
-JPEG shards are decoded by the reader rank (the slots have a fixed size). The reader's shards
+JPEG shards are decoded by the reader rank on its decode workers, with each rank's own crops
+(the slots have a fixed size). The reader's shards
 are SHA-256-checked (``shards.py``); the other ranks of the node trust its verdict.
 """
 from __future__ import annotations
@@ -27,7 +28,6 @@ from collections.abc import Iterator
 import numpy as np
 from mpi4py import MPI
 
-from hpctrain.data.images import decode_batch
 from hpctrain.data.index import ShardError
 
 SEQ_STRIDE = 1 << 32
@@ -44,6 +44,7 @@ class NodeReader:
 
     def __init__(self, loader, node_comm: MPI.Comm, slots: int = 2):
         self.loader, self.comm, self.slots = loader, node_comm, max(int(slots), 1)
+        self.augment = True          # the loader sets it before each start (crops cut at decode)
         self.local_rank, self.local_size = node_comm.Get_rank(), node_comm.Get_size()
         self.ranks = node_comm.allgather(loader.rank)       # world rank of each local rank
         # the reader checked the shards' SHA-256 (same files): the others' sets need not hash them
@@ -137,8 +138,10 @@ class NodeReader:
                     return
                 for j, gen in enumerate(gens):
                     xw, yw, idx = next(gen)
-                    if jpeg:
-                        self.xs[s][j][...] = decode_batch(xw[idx], self.shape)
+                    if jpeg:          # that rank's crops, on the reader's decode workers
+                        ids = self.loader.window_ids(self.ranks[j])[idx]
+                        jb = self.loader.jpeg
+                        jb.finish(jb.submit(xw, idx, ids, epoch, self.ranks[j], t, self.augment, out=self.xs[s][j]))
                     else:
                         slot = self.xs[s][j]
                         for k, i in enumerate(idx):   # gather straight into the window (np.take(out=) is slower)

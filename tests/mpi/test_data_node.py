@@ -93,3 +93,27 @@ def test_factory_loaders_agree(dataset, reader, driver, closer):
     assert test.read_range(0, 3)[0].shape == (3, 3, 6, 5)
     with pytest.raises(ValueError, match="config data.reader: expected one of rank | node, got 'disk'"):
         closer(train_loader(idx, topo, batch_size=4, reader="disk"))
+
+
+@pytest.mark.mpi
+def test_node_reader_cuts_each_ranks_jpeg_crops(closer, tmp_path_factory):
+    """Whole-image JPEG shards: the node's reader decodes every local rank's batches with that
+    rank's crops (its world rank, its sample positions), the same as the rank decoding them itself."""
+    from hpctrain.bench.input_data import photos
+    from tests.unit.test_data_jpeg_loader import write_jpeg_shards
+    comm = MPI.COMM_WORLD
+    path = comm.bcast(str(tmp_path_factory.mktemp("nodejpeg")) if comm.Get_rank() == 0 else None, root=0)
+    if comm.Get_rank() == 0:
+        write_jpeg_shards(path, photos(36, seed=2, size=(48, 56)))
+    comm.Barrier()
+    topo = closer(Topology.create(comm, 2))
+    idx = read_index(path)
+    kw = dict(rank=topo.rank, size=topo.size, batch_size=4, block_size=4, shuffle_window=8,
+              transform=Augment("rrc"), workers=2)
+    per_rank = closer(ShardLoader(closer(ShardSet(idx, "train", driver="serial")), **kw))
+    shared = closer(ShardSet(idx, "train", driver="serial"))
+    node = closer(ShardLoader(shared, node_comm=topo.intra, **kw))
+    for epoch, augment in ((0, True), (1, True), (1, False)):
+        want, got = batches(per_rank, epoch, augment=augment), batches(node, epoch, augment=augment)
+        assert len(got) == len(want) == per_rank.steps
+        assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(want, got))

@@ -180,11 +180,11 @@ def test_loader_adapter_passes_each_field_by_its_name(monkeypatch):
         seen.update(kw)
     monkeypatch.setattr(factory, "train_loader", record)
     d = DataConfig(block_size=7, shuffle_window=5, prefetch=0, augment=True, drop_last=False, augment_kind="flip",
-                   augment_flip=False, reader="node", hdf5_driver="serial", verify="off")
+                   augment_flip=False, reader="node", hdf5_driver="serial", verify="off", workers=3, decode="cpu")
     factory.train_loader_from_config(None, None, d, batch_size=3, seed=2)
     assert seen == dict(block_size=7, shuffle_window=5, prefetch=0, augment=True, drop_last=False, augment_kind="flip",
                         augment_flip=False, reader="node", hdf5_driver="serial", verify="off", batch_size=3, seed=2,
-                        raw=False)
+                        raw=False, workers=3, decode="cpu")
 
 
 def test_optimiser_adapter_passes_each_field(monkeypatch):

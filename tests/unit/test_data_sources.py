@@ -210,3 +210,28 @@ def test_npz_round_trip_and_labels(tmp_path, capsys):
                        "--class-names", "a,b,c,d", "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "b.npz: split test: sample" in err[0] and "outside 0..3" in err[0]
+
+
+def test_imagefolder_jpeg_stores_whole_images_and_max_side_shrinks_only_larger(tmp_path):
+    """``--encode jpeg``: whole images, the index says so; ``--max-side`` re-encodes only the JPEGs
+    over it (shrunk to it); a PNG is re-encoded at its own size."""
+    import io
+    import json
+
+    from hpctrain.data_tools.cli import main as tools_main
+    os.makedirs(tmp_path / "src" / "a")
+    rng = np.random.default_rng(0)
+    for name, (h, w) in {"small.jpg": (30, 40), "big.jpg": (60, 120)}.items():
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(tmp_path / "src" / "a" / name)
+    Image.fromarray(rng.integers(0, 256, (24, 20, 3), dtype=np.uint8)).save(tmp_path / "src" / "a" / "p.png")
+    out = str(tmp_path / "out")
+    assert tools_main(["convert", "--from", "imagefolder", str(tmp_path / "src"), "--out", out, "--encode", "jpeg",
+                       "--size", "16", "16", "--test-fraction", "0", "--max-side", "50", "--no-progress"]) == 0
+    meta = json.load(open(os.path.join(out, "index.json")))
+    assert meta["jpeg"] == {"stored": "whole", "max_side": 50} and read_index(out).stored == "whole"
+    x, _ = read_all(out, "train")
+    sizes = sorted(Image.open(io.BytesIO(bytes(b))).size for b in x)
+    assert sizes == [(20, 24), (40, 30), (50, 25)]                    # (w, h): png whole, small kept, big shrunk
+    small = open(tmp_path / "src" / "a" / "small.jpg", "rb").read()
+    assert small in [bytes(b) for b in x]
+    assert tools_main(["convert", "--from", "digits", "--out", str(tmp_path / "d"), "--max-side", "9"]) == 2

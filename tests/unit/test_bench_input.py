@@ -1,0 +1,22 @@
+"""``bench input``'s arithmetic and its GIL check (the timed rows need minutes: run the bench)."""
+import time
+
+from hpctrain.bench import input as bench
+
+
+def test_gil_check_tells_a_releasing_call_from_a_holding_one():
+    assert bench.gil_ticks(lambda i: sum(range(20_000)), n=10, interval_s=0.3) == 0
+    assert bench.gil_ticks(lambda i: time.sleep(0.005), n=10, interval_s=0.3) > 0
+
+
+def test_ratios_are_medians_of_per_round_ratios():
+    got = {("hpctrain", 1): [(100, 0.5), (90, 0.5), (120, 0.5)],
+           ("DataLoader", 1): [(50, 0.1), (60, 0.1), (40, 0.1)],
+           ("hpctrain", 2): [(180, 0.9), (200, 1.0), (150, 0.9)],
+           ("DataLoader", 2): [(100, 0.1), (100, 0.1), (100, 0.1)]}
+    rows = {(r["contender"], r["workers"]): r for r in bench.rows_of(got, None)}
+    assert rows[("hpctrain", 1)]["x_dataloader"] == 2.0            # 2.0, 1.5, 3.0
+    assert rows[("hpctrain", 2)]["x_one_worker"] == 1.8            # 1.8, 2.22, 1.25
+    assert rows[("hpctrain", 2)]["x_dataloader"] == 1.8 and rows[("hpctrain", 1)]["img_per_cpu_s"] == 200
+    table = bench.format_table(list(rows.values()), 2600)
+    assert "| hpctrain | 2 | 180 | 1.80 | 1.80 |" in table

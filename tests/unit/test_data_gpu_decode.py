@@ -1,0 +1,63 @@
+"""The device decode path (data.decode=gpu, hpctrain/data/gpudecode.py) on the CPU, through its seam.
+
+nvJPEG is replaced by a Pillow decode (``gpudecode.DEVICE_DECODE``) and the "device" is the CPU:
+what is left is the path's own logic, which must cut the boxes the CPU workers cut (the same
+plan, by construction: checked here box by box) and give the same pixels within the stated
+tolerance. nvJPEG decodes at full size, so the CPU side's DCT-domain scaling is switched off for
+the comparison (its own difference is test_data_decode.py's); then both resize the same
+whole-pixel box with torch's antialiased bilinear filter, one batched on the device, one per
+image: mean absolute difference at most 1 grey level, 99th percentile at most 12. What runs on a
+real GPU (nvJPEG, CUDA streams) has not run here: docs/gpus.md.
+"""
+import io
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from hpctrain.data import decoders, gpudecode
+from hpctrain.errors import ConfigError
+from tests.unit.test_data_jpeg_loader import blobs, loader, shards  # noqa: F401 (fixtures)
+
+
+def pil_decode(data, device):
+    return [torch.from_numpy(np.asarray(Image.open(io.BytesIO(d.numpy().tobytes())).convert("RGB"))
+                             .transpose(2, 0, 1).copy()).to(device) for d in data]
+
+
+def test_device_path_cuts_the_cpu_boxes(shards, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(gpudecode, "DEVICE_DECODE", pil_decode)
+    monkeypatch.setattr(decoders, "dct_scale", lambda *a, **k: 1)
+    dev_boxes, cpu_boxes = [], []
+    real_crop, real_decode = gpudecode.crop_resize, decoders.decode_crop
+    monkeypatch.setattr(gpudecode, "crop_resize", lambda imgs, boxes, *a: (dev_boxes.extend(boxes),
+                                                                           real_crop(imgs, boxes, *a))[1])
+    monkeypatch.setattr(decoders, "decode_crop", lambda blob, crop, *a: (cpu_boxes.append(crop),
+                                                                        real_decode(blob, crop, *a))[1])
+    on_dev = loader(shards, 1, raw=True, decode="gpu", decode_device=torch.device("cpu"), prefetch=0)
+    on_cpu = loader(shards, 1, raw=True, decode="cpu", prefetch=0)
+    assert "decoded on cpu" in on_dev.describe()
+    for augment in (True, False):
+        got, want = list(on_dev.epoch(1, augment=augment)), list(on_cpu.epoch(1, augment=augment))
+        assert len(got) == len(want) and dev_boxes == cpu_boxes and len(cpu_boxes) == 5 * len(want)
+        for (x, y), (u, v) in zip(got, want):
+            assert x.dtype == u.dtype == torch.uint8 and x.shape == u.shape and torch.equal(y, v)
+            d = (x.int() - u.int()).abs().float()
+            assert d.mean() <= 1.0 and torch.quantile(d.flatten(), 0.99) <= 12
+        dev_boxes.clear()
+        cpu_boxes.clear()
+
+
+def test_decode_choice():
+    auto = dict(raw=True, whole=True, node=False)
+    assert gpudecode.resolve("cpu", **auto) == "cpu"
+    assert gpudecode.resolve("auto", **auto) == ("gpu" if gpudecode.available() else "cpu")
+    assert gpudecode.resolve("auto", **{**auto, "whole": False}, device=torch.device("cpu")) == "cpu"
+    with pytest.raises(ConfigError, match="data.decode: gpu, but the shards store images fitted"):
+        gpudecode.resolve("gpu", **{**auto, "whole": False})
+    with pytest.raises(ConfigError, match="one reader per node"):
+        gpudecode.resolve("gpu", **{**auto, "node": True})
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="does not train on a GPU"):
+            gpudecode.resolve("gpu", **auto)
