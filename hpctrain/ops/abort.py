@@ -31,6 +31,9 @@ def install_abort_hook(comm: MPI.Comm) -> None:
         if issubclass(exc_type, KeyboardInterrupt) and size == 1:
             sys.__excepthook__(exc_type, exc, tb)
             return
+        defer_s = getattr(exc, "defer_s", 0.0)
+        if defer_s and size > 1:    # raised on every rank together: let the speaking rank's line win
+            time.sleep(defer_s)
         if issubclass(exc_type, UserError):       # the user's problem, found by this rank alone
             status = 2
             text = f"hpctrain: error: rank {rank}/{size}: {exc}\n"

@@ -256,16 +256,22 @@ def test_broadcast_gradient_goes_to_the_root_only():
 
 # --- join, objects, barrier, topology ---------------------------------------------------------
 def test_join_with_uneven_batches_returns_the_last_rank_to_join():
-    """Rank r has r + 1 batches; joined ranks add zeros (Average still divides by every rank)
-    and no rows to an allgather."""
+    """Rank r has r + 1 batches; joined ranks add zeros (Average still divides by every rank).
+    As in Horovod, allgather and broadcast raise on the active ranks while a rank has joined
+    (the joined rank waits on), and the next collective works."""
     rank, size = world()
     for step in range(rank + 1):
         active = size - step
         total = hvd.allreduce(torch.ones(3), op=hvd.Sum, name="join.sum")
         mean = hvd.allreduce(torch.ones(2, dtype=torch.float64), name="join.mean")
-        rows = hvd.allgather(torch.full((1, 2), rank, dtype=torch.int16))     # unnamed
+        grouped = hvd.grouped_allreduce([torch.ones(2), torch.ones(1, dtype=torch.int32)], op=hvd.Sum)
         assert torch.all(total == active) and torch.all(mean == active / size)
-        assert rows[:, 0].tolist() == list(range(step, size))
+        assert grouped[0].tolist() == [active] * 2 and grouped[1].tolist() == [active]
+        if step > 0:
+            with pytest.raises(RuntimeError, match="joined"):
+                hvd.allgather(torch.ones(1, 2))                       # unnamed
+            with pytest.raises(RuntimeError, match="joined"):
+                hvd.broadcast(torch.ones(2), root_rank=size - 1, name="join.bcast")
     assert hvd.join() == size - 1
     out = hvd.allgather(torch.ones(1))             # unnamed: joined ranks' names still agree
     assert out.tolist() == [1.0] * size
