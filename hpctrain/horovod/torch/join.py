@@ -62,7 +62,7 @@ def _follow_auto_name(sig) -> None:
     prefix = f"{sig.kind}.noname."
     if sig.name.startswith(prefix) and sig.name[len(prefix):].isdigit():
         counters = global_process_set.counters
-        counters[sig.kind] = max(counters.get(sig.kind, 0), int(sig.name[len(prefix):]) + 1)
+        counters["noname"] = max(counters.get("noname", 0), int(sig.name[len(prefix):]) + 1)
 
 
 def refuse_joined(sig: Sig, joined: tuple) -> str | None:

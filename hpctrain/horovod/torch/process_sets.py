@@ -50,8 +50,10 @@ class ProcessSet:
 
     # --- hpctrain's use ----------------------------------------------------------------------
     def auto_name(self, kind: str) -> str:
-        n = self.counters.get(kind, 0)
-        self.counters[kind] = n + 1
+        """Horovod's automatic name: one count over every kind (as its handles), so ranks that
+        disagreed on a kind and caught the error still agree on the next names."""
+        n = self.counters.get("noname", 0)
+        self.counters["noname"] = n + 1
         return f"{kind}.noname.{n}"
 
     def agree(self, sig: Sig) -> Verdict:
@@ -167,13 +169,14 @@ def add_process_set(process_set) -> ProcessSet:
 
 
 def remove_process_set(process_set: ProcessSet) -> bool:
-    """Unregister ``process_set`` on every rank (collective); False for the global set or one
-    not registered, as Horovod."""
+    """Unregister ``process_set`` on every rank (collective). Sets made from communicators may
+    differ from rank to rank: every set named by any rank is removed. False for the global set
+    or one not registered, as Horovod."""
     from hpctrain.horovod.torch.basics import agree, state
     st = state()
     set_id = getattr(process_set, "process_set_id", None)
-    agree(Sig("remove_process_set", "remove_process_set", root=-1 if set_id is None else set_id))
-    if not set_id or set_id not in st.process_sets:
-        return False
-    st.process_sets.pop(set_id).detach(free=True)
-    return True
+    verdict = agree(Sig("remove_process_set", "remove_process_set", extra=set_id or 0))
+    for other in sorted({e for e in verdict.extras if e}):
+        if other in st.process_sets:
+            st.process_sets.pop(other).detach(free=True)
+    return bool(set_id) and process_set.process_set_id is None

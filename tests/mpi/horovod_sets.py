@@ -1,0 +1,24 @@
+"""The process sets the Horovod-API MPI tests run on: the whole job, and this rank's half (even
+or odd ranks). Import ``sets`` into a test module beside ``hvd_on``; ``members(where)`` gives
+the job ranks of the set a test runs on and the set itself."""
+import pytest
+
+import hpctrain.horovod.torch as hvd
+from tests.mpi.horovod_session import world
+
+WHERE = ["global", "half"]
+
+
+@pytest.fixture(scope="module")
+def sets(hvd_on):
+    rank, size = world()
+    halves = [hvd.add_process_set([r for r in range(size) if r % 2 == k]) for k in (0, 1) if k < size]
+    yield {"global": hvd.global_process_set, "half": halves[rank % 2],
+           "other": halves[1 - rank % 2] if size > 1 else None}
+    for ps in halves:
+        assert hvd.remove_process_set(ps)
+
+
+def members(sets, where):
+    ps = sets[where]
+    return ps, list(ps.ranks)
