@@ -41,6 +41,8 @@ MISMATCHES = {
     "root_outside": (lambda r, n: hvd.broadcast(torch.ones(2), root_rank=n), ValueError, "not a rank of this job"),
     "splits_one_rank": (lambda r, n: hvd.alltoall(torch.ones(n, 2), splits=[n + 1] + [0] * (n - 1) if last(r, n)
                                                   else [1] * n), ValueError, "splits"),
+    "splits_length": (lambda r, n: hvd.alltoall(torch.ones(n, 2), splits=[1] * (n + 1)), ValueError, "splits"),
+    "splits_dtype": (lambda r, n: hvd.alltoall(torch.ones(n, 2), splits=torch.ones(n)), ValueError, "integers"),
     "broadcast_object_root": (lambda r, n: hvd.broadcast_object(r, root_rank=r), RuntimeError, "broadcast_object"),
     "process_set_lists": (lambda r, n: hvd.add_process_set([r]), ValueError, "different rank lists"),
 }

@@ -216,6 +216,8 @@ def _alltoall_async(tensor, splits, name, process_set) -> int:
             problem = f"alltoall without splits needs dimension 0 ({rows}) divisible by the number of ranks ({n})"
         else:
             send = [rows // n] * n
+    elif isinstance(splits, torch.Tensor) and (splits.is_floating_point() or splits.is_complex()):
+        problem = f"splits must hold integers, got {B.dtype_name(splits.dtype)}"
     else:
         got = [int(s) for s in (splits.tolist() if isinstance(splits, torch.Tensor) else splits)]
         if len(got) != n or min(got, default=0) < 0 or sum(got) != rows:
