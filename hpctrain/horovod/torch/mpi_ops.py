@@ -48,7 +48,7 @@ def op_of(op, average) -> int:
 def agree_on(ps: ProcessSet, kind: str, name, tensor=None, op=None, root=-1, free_dim0=False,
              extra=None, problem="", **fields) -> tuple[Verdict, str]:
     """Agree one collective on ``ps``: (verdict, the agreed name)."""
-    check_name(kind, name, ps.process_set_id)
+    check_name(kind, name, ps.process_set_id or 0)
     if tensor is not None:
         shape = tuple(tensor.shape)
         fields = {"dtype": B.dtype_name(tensor.dtype),
@@ -61,7 +61,7 @@ def agree_on(ps: ProcessSet, kind: str, name, tensor=None, op=None, root=-1, fre
 def post(ps: ProcessSet, kind: str, agreed_name: str, held, start) -> int:
     """Post the agreed collective (``start()`` returns its InFlight) and return its handle."""
     t0 = now_if_recording()
-    return register(start(), kind, agreed_name, ps.process_set_id, hold=bool(held), t0=t0)
+    return register(start(), kind, agreed_name, ps.process_set_id or 0, hold=bool(held), t0=t0)
 
 
 # --- allreduce -----------------------------------------------------------------------------
