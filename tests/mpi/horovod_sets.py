@@ -12,9 +12,11 @@ WHERE = ["global", "half"]
 @pytest.fixture(scope="module")
 def sets(hvd_on):
     rank, size = world()
-    halves = [hvd.add_process_set([r for r in range(size) if r % 2 == k]) for k in (0, 1) if k < size]
-    yield {"global": hvd.global_process_set, "half": halves[rank % 2],
-           "other": halves[1 - rank % 2] if size > 1 else None}
+    if size == 1:                          # the one half would be the job itself
+        yield {"global": hvd.global_process_set, "half": hvd.global_process_set, "other": None}
+        return
+    halves = [hvd.add_process_set([r for r in range(size) if r % 2 == k]) for k in (0, 1)]
+    yield {"global": hvd.global_process_set, "half": halves[rank % 2], "other": halves[1 - rank % 2]}
     for ps in halves:
         assert hvd.remove_process_set(ps)
 

@@ -57,7 +57,7 @@ def goes_on():
 @pytest.mark.parametrize("case", MISMATCHES)
 def test_every_rank_raises_and_the_job_goes_on(case):
     rank, size = world()
-    if size == 1 and MISMATCHES[case][1] is RuntimeError:
+    if size == 1 and (MISMATCHES[case][1] is RuntimeError or case == "process_set_lists"):
         pytest.skip("one rank cannot disagree with itself")
     call, cls, word = MISMATCHES[case]
     with pytest.raises(cls) as e:

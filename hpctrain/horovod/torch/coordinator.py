@@ -142,11 +142,11 @@ class Coordinator:
         """Block until rank 0 has compared ``sig`` with every rank's; raise the verdict's error on
         every active rank (a joined rank gets the verdict and goes on waiting)."""
         self.n_agreed += 1
-        if self.size == 1:
-            verdict = judge([sig], self.refuse_joined)
-            if verdict.error is None:
+        if self.size == 1:          # nothing to compare: only an argument problem to raise
+            if not sig.problem:
                 return Verdict(sig=sig, extras=(sig.extra,) if sig.extra is not None else (),
                                last_joined=0 if sig.kind == "join" else -1)
+            verdict = judge([sig], self.refuse_joined)
         else:
             verdict = self._coordinate(sig) if self.rank == 0 else self._ask(sig)
         if verdict.error and sig.kind != "join":
