@@ -306,3 +306,23 @@ def test_rank_queries_equal_mpis_own_split():
     finally:
         cross.Free()
         node.Free()
+
+
+def test_timeline_is_written_by_rank_0_between_start_and_stop(tmp_path):
+    """Every rank calls start/stop (as Horovod's tests do); rank 0 alone writes the trace, with
+    each collective's agreement and data spans under Horovod's operation names."""
+    import json
+    rank, size = world()
+    path = MPI.COMM_WORLD.bcast(str(tmp_path / "timeline.json"), root=0)
+    hvd.start_timeline(path, mark_cycles=True)
+    hvd.allreduce(torch.ones(3), name="test_allreduce")
+    hvd.synchronize(hvd.allgather_async(torch.ones(1, 2)))
+    hvd.stop_timeline()
+    hvd.barrier()
+    if rank == 0:
+        names = [e["name"] for e in json.loads(open(path).read())["traceEvents"]]
+        for name in ("NEGOTIATE_ALLREDUCE allreduce.test_allreduce", "ALLREDUCE allreduce.test_allreduce",
+                     "CYCLE_START"):
+            assert name in names, names
+        assert any(n.startswith("ALLGATHER allgather.noname.") for n in names), names
+    hvd.barrier()

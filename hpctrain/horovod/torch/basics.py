@@ -77,15 +77,21 @@ def init(comm=None, process_sets=None) -> None:
     if isinstance(comm, (list, tuple, range)):
         ranks = sorted(int(r) for r in comm)
         world = MPI.COMM_WORLD
-        base = world.Split(0 if world.Get_rank() in ranks else MPI.UNDEFINED, key=world.Get_rank())
-        if base == MPI.COMM_NULL:
+        if world.Get_rank() not in ranks:
             raise ValueError(f"hpctrain.horovod: init(comm={ranks}): rank {world.Get_rank()} is "
-                             "not in the list; run Horovod on those ranks only")
+                             "not in the list; call hvd.init on those ranks only")
+        group = world.Get_group()
+        sub = group.Incl(ranks)
+        base = world.Create_group(sub)          # collective over the listed ranks only
+        sub.Free()
+        group.Free()
     elif not isinstance(base, MPI.Comm):
         raise ValueError(f"hpctrain.horovod: init(comm=...) takes an mpi4py communicator or a list of "
                          f"ranks, got {type(comm).__name__}")
     install_abort_hook(base)
     own = base.Dup()
+    if base is not comm and base is not MPI.COMM_WORLD:
+        base.Free()                             # made here from a list of ranks: own is its copy
     topo = Topology.create(own, emulated_ranks_per_node())
     from hpctrain.horovod.torch.join import refuse_joined
     coord = Coordinator(own, refuse_joined)
