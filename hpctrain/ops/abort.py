@@ -4,7 +4,9 @@
 ``hpctrain: rank R/N failed: …`` with the traceback and calls ``MPI_Abort``, so ``mpiexec`` kills
 every rank and exits non-zero instead of leaving the others blocked in a collective. A
 :class:`~hpctrain.errors.UserError` that reaches it (one rank's alone, e.g. a corrupt shard in its
-reader) prints one line instead, ``hpctrain: error: rank R/N: …``, and aborts with status 2.
+reader) prints one line instead, ``hpctrain: error: rank R/N: …``, and aborts with status 2. An
+error every rank raises together (``hpctrain.horovod``'s agreed errors) carries ``defer_s``: the
+ranks that are not to speak wait that long first, so the job ends with one rank's line.
 """
 from __future__ import annotations
 
@@ -31,6 +33,9 @@ def install_abort_hook(comm: MPI.Comm) -> None:
         if issubclass(exc_type, KeyboardInterrupt) and size == 1:
             sys.__excepthook__(exc_type, exc, tb)
             return
+        defer_s = getattr(exc, "defer_s", 0.0)
+        if defer_s and size > 1:    # raised on every rank together: let the speaking rank's line win
+            time.sleep(defer_s)
         if issubclass(exc_type, UserError):       # the user's problem, found by this rank alone
             status = 2
             text = f"hpctrain: error: rank {rank}/{size}: {exc}\n"

@@ -256,16 +256,22 @@ def test_broadcast_gradient_goes_to_the_root_only():
 
 # --- join, objects, barrier, topology ---------------------------------------------------------
 def test_join_with_uneven_batches_returns_the_last_rank_to_join():
-    """Rank r has r + 1 batches; joined ranks add zeros (Average still divides by every rank)
-    and no rows to an allgather."""
+    """Rank r has r + 1 batches; joined ranks add zeros (Average still divides by every rank).
+    As in Horovod, allgather and broadcast raise on the active ranks while a rank has joined
+    (the joined rank waits on), and the next collective works."""
     rank, size = world()
     for step in range(rank + 1):
         active = size - step
         total = hvd.allreduce(torch.ones(3), op=hvd.Sum, name="join.sum")
         mean = hvd.allreduce(torch.ones(2, dtype=torch.float64), name="join.mean")
-        rows = hvd.allgather(torch.full((1, 2), rank, dtype=torch.int16))     # unnamed
+        grouped = hvd.grouped_allreduce([torch.ones(2), torch.ones(1, dtype=torch.int32)], op=hvd.Sum)
         assert torch.all(total == active) and torch.all(mean == active / size)
-        assert rows[:, 0].tolist() == list(range(step, size))
+        assert grouped[0].tolist() == [active] * 2 and grouped[1].tolist() == [active]
+        if step > 0:
+            with pytest.raises(RuntimeError, match="joined"):
+                hvd.allgather(torch.ones(1, 2))                       # unnamed
+            with pytest.raises(RuntimeError, match="joined"):
+                hvd.broadcast(torch.ones(2), root_rank=size - 1, name="join.bcast")
     assert hvd.join() == size - 1
     out = hvd.allgather(torch.ones(1))             # unnamed: joined ranks' names still agree
     assert out.tolist() == [1.0] * size
@@ -300,3 +306,23 @@ def test_rank_queries_equal_mpis_own_split():
     finally:
         cross.Free()
         node.Free()
+
+
+def test_timeline_is_written_by_rank_0_between_start_and_stop(tmp_path):
+    """Every rank calls start/stop (as Horovod's tests do); rank 0 alone writes the trace, with
+    each collective's agreement and data spans under Horovod's operation names."""
+    import json
+    rank, size = world()
+    path = MPI.COMM_WORLD.bcast(str(tmp_path / "timeline.json"), root=0)
+    hvd.start_timeline(path, mark_cycles=True)
+    hvd.allreduce(torch.ones(3), name="test_allreduce")
+    hvd.synchronize(hvd.allgather_async(torch.ones(1, 2)))
+    hvd.stop_timeline()
+    hvd.barrier()
+    if rank == 0:
+        names = [e["name"] for e in json.loads(open(path).read())["traceEvents"]]
+        for name in ("NEGOTIATE_ALLREDUCE allreduce.test_allreduce", "ALLREDUCE allreduce.test_allreduce",
+                     "CYCLE_START"):
+            assert name in names, names
+        assert any(n.startswith("ALLGATHER allgather.noname.") for n in names), names
+    hvd.barrier()

@@ -60,11 +60,31 @@ def test_describe_and_key():
 
 
 def test_the_refusals_of_joined_ranks():
-    from hpctrain.horovod.torch.mpi_ops import refuse_joined
+    """As in Horovod: only reductions, barriers and optimizer steps run while a rank has joined."""
+    from hpctrain.horovod.torch.join import refuse_joined
     assert refuse_joined(allreduce(), (1,)) is None
-    assert refuse_joined(Sig("broadcast", "b", root=0), (1,)) is None
-    assert refuse_joined(Sig("broadcast", "b", root=1), (1,)) == "its root rank 1 has joined"
-    assert "take part only in" in refuse_joined(Sig("alltoall", "a"), (1,))
+    assert refuse_joined(Sig("grad", "optimizer.0.0"), (1,)) is None
+    for kind in ("allgather", "broadcast", "alltoall", "reducescatter", "broadcast_object"):
+        assert "only allreduce" in refuse_joined(Sig(kind, "a", root=0), (1,))
+
+
+def test_a_problem_with_one_ranks_arguments_is_an_argument_error_for_all():
+    ok = Sig("broadcast", "b", "float32", (2,), root=5)
+    bad = ok._replace(problem="root_rank 5 is not a rank of this job")
+    v = judge([ok, bad, bad])
+    assert v.error_kind == "argument" and v.sig is None
+    assert v.error == ("hpctrain.horovod: broadcast 'b' float32 [2] root=5: root_rank 5 is not a rank "
+                       "of this job (on ranks 1,2)")
+
+
+def test_agree_raises_the_verdict_on_the_caller():
+    from hpctrain.horovod.torch.errors import CollectiveArgumentError
+    coord = co.Coordinator.__new__(co.Coordinator)
+    coord.size, coord.rank, coord.n_agreed, coord.refuse_joined = 1, 0, 0, lambda s, j: None
+    with pytest.raises(CollectiveArgumentError) as e:
+        coord.agree(Sig("alltoall", "a", problem="splits [3] must be 1 non-negative counts"))
+    assert isinstance(e.value, ValueError) and e.value.defer_s == 0.0
+    assert coord.agree(allreduce()).sig == allreduce()
 
 
 class FakeComm:
@@ -116,29 +136,47 @@ def one_line(excinfo, *words):
         assert w in msg, msg
 
 
-@pytest.mark.parametrize("var, word", [("HOROVOD_TIMELINE", "timeline"), ("HOROVOD_ELASTIC", "elastic"),
-                                       ("HOROVOD_PROCESS_SETS", "process sets")])
-def test_refused_environment_at_init(monkeypatch, var, word):
-    monkeypatch.setenv(var, "/tmp/x.json" if var == "HOROVOD_TIMELINE" else "1")
-    with pytest.raises(UnsupportedError) as e:
-        hvd.init()
-    one_line(e, var, word)
-    assert not hvd.is_initialized()
+def test_no_horovod_variable_stops_init(monkeypatch, tmp_path, capsys):
+    """Horovod's variables are used (the timeline) or named in one line as not used."""
+    path = tmp_path / "timeline.json"
+    for var, value in [("HOROVOD_TIMELINE", str(path)), ("HOROVOD_ELASTIC", "1"),
+                       ("HOROVOD_CYCLE_TIME", "5"), ("HOROVOD_GPU_OPERATIONS", "NCCL")]:
+        monkeypatch.setenv(var, value)
+    hvd.init()
+    try:
+        hvd.allreduce(torch.ones(3), name="test_allreduce")
+    finally:
+        hvd.shutdown()
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("hpctrain.horovod: not used: HOROVOD_CYCLE_TIME ("), err
+    assert "HOROVOD_ELASTIC (" in err[0] and "HOROVOD_GPU_OPERATIONS" in err[0] and "TIMELINE" not in err[0]
+    import json
+    trace = json.loads(path.read_text())
+    names = [e["name"] for e in trace["traceEvents"]]
+    assert "NEGOTIATE_ALLREDUCE allreduce.test_allreduce" in names
+    assert "ALLREDUCE allreduce.test_allreduce" in names
+    assert trace["otherData"]["start_time_since_epoch_in_micros"] > 0
+
+
+def test_dynamic_timeline_records_between_start_and_stop(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOROVOD_TIMELINE", "DYNAMIC")
+    hvd.init()
+    try:
+        hvd.allreduce(torch.ones(1), name="before")
+        hvd.start_timeline(tmp_path / "t.json", mark_cycles=True)
+        hvd.allreduce(torch.ones(1), name="during")
+        hvd.stop_timeline()
+        hvd.allreduce(torch.ones(1), name="after")
+    finally:
+        hvd.shutdown()
+    text = (tmp_path / "t.json").read_text()
+    assert "allreduce.during" in text and "CYCLE_START" in text
+    assert "allreduce.before" not in text and "allreduce.after" not in text
 
 
 @pytest.mark.parametrize("call, words", [
-    (lambda: hvd.init(process_sets=[hvd.ProcessSet()]), ["process_sets", "one job per group"]),
-    (lambda: hvd.init(comm=[0, 1]), ["init(comm=list)", "mpi4py communicator"]),
-    (lambda: hvd.ProcessSet([0, 1]), ["ProcessSet(ranks)"]),
-    (lambda: hvd.add_process_set([0]), ["add_process_set"]),
-    (lambda: hvd.remove_process_set(None), ["remove_process_set"]),
-    (lambda: hvd.start_timeline("/tmp/t.json"), ["start_timeline", "hpctrain's timeline"]),
-    (lambda: hvd.stop_timeline(), ["stop_timeline"]),
     (lambda: hvd.elastic, ["horovod.torch.elastic", "checkpoints"]),
-    (lambda: hvd.grouped_allgather, ["grouped_allgather", "per tensor"]),
-    (lambda: hvd.grouped_reducescatter, ["grouped_reducescatter"]),
     (lambda: hvd.allreduce(torch.ones(2), op=hvd.Adasum), ["op=Adasum", "hvd.Average"]),
-    (lambda: hvd.allreduce(torch.ones(2), process_set=object()), ["process set"]),
     (lambda: hvd.DistributedOptimizer(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=1),
                                       op=hvd.Adasum), ["op=Adasum", "LARS"]),
     (lambda: hvd.DistributedOptimizer(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=1),

@@ -1,8 +1,8 @@
 """``import hpctrain.horovod.torch as hvd``: Horovod's PyTorch API on hpctrain.
 
 Names, signatures, defaults and semantics follow ``horovod.torch`` 0.28. What differs, and what
-is refused (process sets, elastic, the timeline, Adasum), is in docs/horovod.md; each refusal is
-one line naming the alternative. Launch with ``mpiexec``/``srun``/``jobs/`` instead of
+is refused (elastic, Adasum), is in docs/horovod.md; each refusal is one line naming the
+alternative, where the feature is used. Launch with ``mpiexec``/``srun``/``jobs/`` instead of
 ``horovodrun``.
 """
 from __future__ import annotations
@@ -16,12 +16,16 @@ from hpctrain.horovod.torch.compression import Compression, Compressor
 from hpctrain.horovod.torch.errors import HorovodInternalError, HostsUpdatedInterrupt, unsupported
 from hpctrain.horovod.torch.functions import (
     allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters)
+from hpctrain.horovod.torch.grouped_ops import (
+    grouped_allgather, grouped_allgather_async, grouped_allreduce, grouped_allreduce_,
+    grouped_allreduce_async, grouped_allreduce_async_, grouped_reducescatter,
+    grouped_reducescatter_async)
+from hpctrain.horovod.torch.handles import poll, synchronize
+from hpctrain.horovod.torch.join import barrier, join
 from hpctrain.horovod.torch.mpi_ops import (
     Adasum, Average, Max, Min, Product, Sum, allgather, allgather_async, allreduce, allreduce_,
-    allreduce_async, allreduce_async_, alltoall, alltoall_async, barrier, broadcast, broadcast_,
-    broadcast_async, broadcast_async_, grouped_allreduce, grouped_allreduce_,
-    grouped_allreduce_async, grouped_allreduce_async_, join, poll, reducescatter,
-    reducescatter_async, synchronize)
+    allreduce_async, allreduce_async_, alltoall, alltoall_async, broadcast, broadcast_,
+    broadcast_async, broadcast_async_, reducescatter, reducescatter_async)
 from hpctrain.horovod.torch.optimizer import DistributedOptimizer
 from hpctrain.horovod.torch.process_sets import (
     ProcessSet, add_process_set, global_process_set, remove_process_set)
@@ -29,8 +33,6 @@ from hpctrain.horovod.torch.sync_batch_norm import SyncBatchNorm
 
 _REFUSED = {
     "elastic": ("horovod.torch.elastic", "use checkpoints and resume (docs/operations.md)"),
-    "grouped_allgather": ("grouped_allgather", "call allgather per tensor"),
-    "grouped_reducescatter": ("grouped_reducescatter", "call reducescatter per tensor"),
 }
 
 
@@ -49,7 +51,9 @@ __all__ = [
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "grouped_allreduce",
     "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_", "allgather",
     "allgather_async", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
-    "alltoall", "alltoall_async", "reducescatter", "reducescatter_async", "poll", "synchronize",
+    "alltoall", "alltoall_async", "reducescatter", "reducescatter_async", "grouped_allgather",
+    "grouped_allgather_async", "grouped_reducescatter", "grouped_reducescatter_async", "poll",
+    "synchronize",
     "barrier", "join",
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object",
     "DistributedOptimizer", "SyncBatchNorm", "Compression", "Compressor",

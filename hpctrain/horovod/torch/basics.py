@@ -3,9 +3,11 @@
 
 ``init`` duplicates the communicator (the script's own MPI traffic never meets Horovod's),
 installs hpctrain's abort hook (an uncaught exception on any rank ends the job instead of leaving
-the others blocked), builds the node-local / inter-node topology and the coordinator
-(:mod:`.coordinator`). Horovod's environment variables are read here: the ones hpctrain cannot
-honour are refused with one line, the tuning ones are mapped or named in one start-up line.
+the others blocked), builds the node-local / inter-node topology, the global process set's
+coordinator (:mod:`.coordinator`) and any process sets passed in. No Horovod environment variable
+stops a job: ``HOROVOD_TIMELINE`` starts the timeline (:mod:`.timeline`), the stall and fusion
+variables are honoured, and every other ``HOROVOD_*`` variable is named in one line on rank 0 as
+not used. A feature hpctrain does not have is refused where it is called.
 """
 from __future__ import annotations
 
@@ -16,18 +18,16 @@ from dataclasses import dataclass, field
 import torch
 from mpi4py import MPI
 
+from hpctrain.horovod.torch import timeline as T
 from hpctrain.horovod.torch.coordinator import Coordinator, Sig, Verdict
-from hpctrain.horovod.torch.errors import unsupported
+from hpctrain.horovod.torch.process_sets import add_process_set, global_process_set
 from hpctrain.ops.abort import install_abort_hook
 from hpctrain.topology import Topology, emulated_ranks_per_node
 
-# Horovod's variables that change what a job does and that hpctrain does not do: refused.
-REFUSED_ENV = {
-    "HOROVOD_ELASTIC": "elastic training; use checkpoints and --resume (docs/operations.md)",
-    "HOROVOD_TIMELINE": "Horovod's timeline; use hpctrain's timeline (docs/operations.md)",
-    "HOROVOD_PROCESS_SETS": "process sets; run one job per group of ranks",
-}
-# Tuning variables: hpctrain fuses, orders and tunes by itself; a start-up line says so.
+# Variables hpctrain reads (the rest of HOROVOD_* is named at start-up as not used).
+USED_ENV = ("HOROVOD_TIMELINE", "HOROVOD_FUSION_THRESHOLD", "HOROVOD_STALL_CHECK_TIME_SECONDS",
+            "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS")
+# Why a variable is not needed, where there is more to say than "not used".
 NOTED_ENV = {
     "HOROVOD_CYCLE_TIME": "no background cycle: collectives start when submitted",
     "HOROVOD_CACHE_CAPACITY": "no response cache: each collective is agreed once when submitted",
@@ -35,7 +35,16 @@ NOTED_ENV = {
     "HOROVOD_HIERARCHICAL_ALLGATHER": "allgather is MPI's",
     "HOROVOD_AUTOTUNE": "hpctrain measures its collectives at start-up (comm.tune=measure)",
     "HOROVOD_TORCH_NUM_GROUPS": "gradients are fused into buckets (HOROVOD_FUSION_THRESHOLD)",
+    "HOROVOD_ELASTIC": "elastic training is not available; hvd.elastic is refused where used",
+    "HOROVOD_DYNAMIC_PROCESS_SETS": "process sets can always be added and removed",
+    "HOROVOD_TIMELINE_MARK_CYCLES": "pass mark_cycles to hvd.start_timeline",
 }
+
+
+def unused_env(environ) -> list[str]:
+    """The ``HOROVOD_*`` variables set in ``environ`` that hpctrain does not use, each with why."""
+    return [f"{k} ({NOTED_ENV[k]})" if k in NOTED_ENV else k for k in sorted(environ)
+            if k.startswith("HOROVOD_") and k not in USED_ENV and environ[k] != ""]
 
 
 @dataclass
@@ -43,13 +52,9 @@ class State:
     comm: MPI.Comm                  # hpctrain.horovod's own duplicate of the user's communicator
     topo: Topology
     coord: Coordinator
-    counters: dict = field(default_factory=dict)     # auto names: kind -> next index
     optimizers: dict = field(default_factory=dict)   # id -> DistributedOptimizer (join mirrors)
-
-    def auto_name(self, kind: str) -> str:
-        n = self.counters.get(kind, 0)
-        self.counters[kind] = n + 1
-        return f"{kind}.noname.{n}"
+    process_sets: dict = field(default_factory=dict)  # id -> registered ProcessSet
+    next_set_id: int = 1
 
 
 _state: State | None = None
@@ -62,29 +67,45 @@ def state() -> State:
 
 
 def init(comm=None, process_sets=None) -> None:
-    """Start hpctrain.horovod on ``comm`` (an mpi4py communicator; default ``MPI.COMM_WORLD``).
+    """Start hpctrain.horovod on ``comm`` (an mpi4py communicator, or a list of ranks of
+    ``MPI.COMM_WORLD``; default ``MPI.COMM_WORLD``); register ``process_sets`` (collective).
     A second call is a no-op, as in Horovod."""
     global _state
     if _state is not None:
         return
-    if process_sets:
-        raise unsupported("process_sets", "run one job per group of ranks, or pass an mpi4py "
-                          "communicator of the ranks to init(comm=...)")
-    if comm is not None and not isinstance(comm, MPI.Comm):
-        raise unsupported(f"init(comm={type(comm).__name__})", "pass an mpi4py communicator "
-                          "(e.g. MPI.COMM_WORLD.Split(...)) instead of a list of ranks")
-    for name, what in REFUSED_ENV.items():
-        if os.environ.get(name, "") not in ("", "0"):
-            raise unsupported(f"{name} ({what.split(';')[0]})", what.split("; ", 1)[1])
     base = MPI.COMM_WORLD if comm is None else comm
+    if isinstance(comm, (list, tuple, range)):
+        ranks = sorted(int(r) for r in comm)
+        world = MPI.COMM_WORLD
+        if world.Get_rank() not in ranks:
+            raise ValueError(f"hpctrain.horovod: init(comm={ranks}): rank {world.Get_rank()} is "
+                             "not in the list; call hvd.init on those ranks only")
+        group = world.Get_group()
+        sub = group.Incl(ranks)
+        base = world.Create_group(sub)          # collective over the listed ranks only
+        sub.Free()
+        group.Free()
+    elif not isinstance(base, MPI.Comm):
+        raise ValueError(f"hpctrain.horovod: init(comm=...) takes an mpi4py communicator or a list of "
+                         f"ranks, got {type(comm).__name__}")
     install_abort_hook(base)
     own = base.Dup()
+    if base is not comm and base is not MPI.COMM_WORLD:
+        base.Free()                             # made here from a list of ranks: own is its copy
     topo = Topology.create(own, emulated_ranks_per_node())
-    from hpctrain.horovod.torch.mpi_ops import refuse_joined
-    _state = State(comm=own, topo=topo, coord=Coordinator(own, refuse_joined))
-    noted = [f"{k} ({v})" for k, v in NOTED_ENV.items() if os.environ.get(k)]
+    from hpctrain.horovod.torch.join import refuse_joined
+    coord = Coordinator(own, refuse_joined)
+    _state = State(comm=own, topo=topo, coord=coord)
+    global_process_set.attach(0, list(range(topo.size)), own, coord)
+    _state.process_sets[0] = global_process_set
+    noted = unused_env(os.environ)
     if noted and topo.rank == 0:
         sys.stderr.write("hpctrain.horovod: not used: " + "; ".join(noted) + "\n")
+    timeline = os.environ.get("HOROVOD_TIMELINE", "")
+    if timeline and timeline != "DYNAMIC":
+        T.start(timeline, os.environ.get("HOROVOD_TIMELINE_MARK_CYCLES", "") not in ("", "0"), topo.rank)
+    for ps in process_sets or ():
+        add_process_set(ps)
 
 
 def shutdown() -> None:
@@ -92,9 +113,13 @@ def shutdown() -> None:
     global _state
     if _state is None:
         return
-    s, _state = _state, None
+    T.stop()
+    s = _state
     for opt in list(s.optimizers.values()):
         opt.close()
+    for set_id in sorted(s.process_sets, reverse=True):
+        s.process_sets.pop(set_id).detach(free=True)
+    _state = None
     s.coord.close()
     s.topo.close()
     s.comm.Free()
@@ -181,13 +206,24 @@ def rocm_built() -> bool:
 
 
 def start_timeline(file_path, mark_cycles=False) -> None:
-    raise unsupported("start_timeline", "use hpctrain's timeline (docs/operations.md)")
+    """Record a Chrome-trace timeline of every collective at ``file_path`` (written by rank 0
+    when it stops; a second call moves it to a new file)."""
+    T.start(str(file_path), mark_cycles, state().topo.rank)
 
 
 def stop_timeline() -> None:
-    raise unsupported("stop_timeline", "use hpctrain's timeline (docs/operations.md)")
+    """Stop the timeline and write its file."""
+    state()
+    T.stop()
 
 
 def agree(sig: Sig) -> Verdict:
-    """The coordinator's verdict on ``sig`` (see :mod:`.coordinator`)."""
-    return state().coord.agree(sig)
+    """The global coordinator's verdict on ``sig`` (see :mod:`.coordinator`)."""
+    state()
+    return global_process_set.agree(sig)
+
+
+def auto_name(kind: str) -> str:
+    """Horovod's automatic name for an unnamed operation on the whole job."""
+    state()
+    return global_process_set.auto_name(kind)

@@ -21,10 +21,11 @@ class InFlight:
     non-blocking collective's buffers alive, so an async call on a temporary tensor would
     otherwise send freed (reused) memory."""
 
-    __slots__ = ("reqs", "finish", "result", "done", "keep")
+    __slots__ = ("reqs", "finish", "result", "done", "keep", "t0")
 
     def __init__(self, reqs: list, finish: Callable[[], object], keep: tuple = ()):
         self.reqs, self.done, self.keep = reqs, False, keep
+        self.t0 = 0.0                       # when posted, where a timeline records (handles.py)
         self.finish: Callable[[], object] | None = finish      # None once run (by wait)
         self.result: object = None
 

@@ -1,21 +1,25 @@
-"""Agreement before every ad-hoc collective: mismatches end the job in one line, never a hang.
+"""Agreement before every ad-hoc collective: a mismatch raises on every rank, never a hang.
 
 Horovod's coordinator (rank 0 of its background thread) collects what each rank is ready to
 reduce and answers with what to run, so ranks that ask for different tensors get an error instead
 of a deadlock or a wrong sum. hpctrain has no background thread; the same agreement happens when a
 collective is *submitted*: each rank sends rank 0 a :class:`Sig` (kind, name, dtype, shape, op,
-root), rank 0 compares them (:func:`judge`, a pure function) and answers every rank with a
-verdict. Since submission blocks until the verdict, every rank then posts its MPI collectives in
-the same order, so non-blocking collectives never cross.
+root, and any problem it found with its own arguments), rank 0 compares them (:func:`judge`, a
+pure function) and answers every rank with a verdict. Since submission blocks until the verdict,
+every rank then posts its MPI collectives in the same order, so non-blocking collectives never
+cross. A verdict with an error is raised on every active rank (:class:`CollectiveMismatchError`,
+a ``RuntimeError`` as Horovod's; :class:`CollectiveArgumentError`, a ``ValueError``) before any
+data moves, so a script that catches it can go on with the next collective.
 
 What rank 0 sees also gives two Horovod behaviours for free:
 
 * **Stalls.** A rank that does not submit within ``HOROVOD_STALL_CHECK_TIME_SECONDS`` (60) is
   named in a warning; past ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` (hpctrain's default 600; 0:
-  never) the job ends with one line naming the missing ranks and status 2.
+  never) the job ends with one line naming the missing ranks and status 2 (the missing rank
+  cannot be told to raise).
 * **join.** A rank that called ``join()`` submits ``join`` instead; rank 0 tells it which
-  collective the others run, and it takes part with a neutral contribution (zeros for sums,
-  no rows for allgather). When every rank has joined, each gets the last rank to join.
+  collective the others run, and it takes part with a neutral contribution (zeros for sums).
+  When every rank has joined, each gets the last rank to join.
 
 Cost: two small messages per rank per collective through rank 0 (measured in docs/horovod.md);
 the gradient path of ``DistributedOptimizer`` agrees once per step, not per tensor.
@@ -30,13 +34,16 @@ from collections.abc import Callable
 
 from mpi4py import MPI
 
+from hpctrain.horovod.torch.errors import CollectiveArgumentError, CollectiveMismatchError
+
 TAG_SIG, TAG_VERDICT = 7301, 7302
 GRACE_S = 15.0          # non-coordinators wait this much longer, so rank 0's line is the one shown
 
 
 class Sig(NamedTuple):
     """What a rank is about to call. ``shape`` holds what must match (``*`` where a dimension may
-    differ); ``extra`` is this rank's own part (allgather rows, alltoall splits), never compared."""
+    differ); ``extra`` is this rank's own part (allgather rows, alltoall splits) and ``problem``
+    what is wrong with this rank's own arguments (empty: nothing); neither is compared."""
     kind: str
     name: str
     dtype: str = ""
@@ -44,6 +51,7 @@ class Sig(NamedTuple):
     op: str = ""
     root: int = -1
     extra: object = None
+    problem: str = ""
 
     def describe(self) -> str:
         parts = [self.kind, repr(self.name)]
@@ -67,6 +75,7 @@ class Verdict(NamedTuple):
     where the collective needs it, and ``last_joined`` once every rank has joined."""
     error: str | None = None
     sig: Sig | None = None
+    error_kind: str = "mismatch"        # or "argument" (a ValueError)
     joined: tuple = ()
     extras: tuple = ()
     last_joined: int = -1
@@ -90,13 +99,18 @@ def judge(sigs: list[Sig], refuse_joined: Callable[[Sig, tuple], str | None] = l
         by_rank = {r: s for r, s in active}
         what = "; ".join(f"{_ranks(rs)}: {by_rank[rs[0]].describe()}" for rs in groups.values())
         return Verdict(error=f"hpctrain.horovod: ranks called different collectives ({what}); "
-                             "every rank must make the same calls in the same order")
+                             "every rank must make the same calls in the same order", joined=joined)
+    bad = [(r, s) for r, s in active if s.problem]
+    if bad:
+        rs = [r for r, s in bad if s.problem == bad[0][1].problem]
+        return Verdict(error=f"hpctrain.horovod: {bad[0][1].describe()}: {bad[0][1].problem} "
+                             f"(on {_ranks(rs)})", joined=joined, error_kind="argument")
     sig = active[0][1]
     if joined:
         why = refuse_joined(sig, joined)
         if why:
             return Verdict(error=f"hpctrain.horovod: {sig.describe()} while {_ranks(joined)} "
-                                 f"joined: {why}")
+                                 f"joined: {why}", sig=sig, joined=joined)
     extras = tuple(s.extra for s in sigs) if sig.extra is not None else ()
     return Verdict(sig=sig, joined=joined, extras=extras)
 
@@ -125,14 +139,22 @@ class Coordinator:
         self.n_agreed = 0
 
     def agree(self, sig: Sig) -> Verdict:
-        """Block until rank 0 has compared ``sig`` with every rank's; end the job on an error."""
+        """Block until rank 0 has compared ``sig`` with every rank's; raise the verdict's error on
+        every active rank (a joined rank gets the verdict and goes on waiting)."""
         self.n_agreed += 1
-        if self.size == 1:
-            return Verdict(sig=sig, extras=(sig.extra,) if sig.extra is not None else (),
-                           last_joined=0 if sig.kind == "join" else -1)
-        verdict = self._coordinate(sig) if self.rank == 0 else self._ask(sig)
-        if verdict.error:
-            self._fail(verdict.error, speak=self.rank == 0)
+        if self.size == 1:          # nothing to compare: only an argument problem to raise
+            if not sig.problem:
+                return Verdict(sig=sig, extras=(sig.extra,) if sig.extra is not None else (),
+                               last_joined=0 if sig.kind == "join" else -1)
+            verdict = judge([sig], self.refuse_joined)
+        else:
+            verdict = self._coordinate(sig) if self.rank == 0 else self._ask(sig)
+        if verdict.error and sig.kind != "join":
+            speaker = min(r for r in range(self.size) if r not in verdict.joined)
+            cls = CollectiveArgumentError if verdict.error_kind == "argument" else CollectiveMismatchError
+            exc = cls(verdict.error)
+            exc.defer_s = 0.0 if self.rank == speaker else 2.0
+            raise exc
         return verdict
 
     # --- rank 0 -------------------------------------------------------------------------------

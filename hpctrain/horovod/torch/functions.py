@@ -1,12 +1,12 @@
 """Horovod's helpers for whole models and Python objects.
 
 ``broadcast_parameters`` agrees once for the whole set (names, shapes and dtypes compared by
-digest), then broadcasts every tensor in place. ``broadcast_optimizer_state`` sends the root's
-``optimizer.state_dict()`` and loads it everywhere: every ``torch.optim`` optimizer's options
-and state arrive exactly, including non-tensor entries. Unlike Horovod it does not first step a
-fresh optimizer with zero gradients to create its state (that step moved weights under weight
-decay and counted a step for Adam): an optimizer with no state yet stays without state, on
-every rank alike.
+digest), then broadcasts every tensor in place. ``broadcast_optimizer_state`` does what
+Horovod's does: an optimizer with no state yet is first stepped once with zero gradients on
+every parameter that requires one (so its state exists and ``p.grad`` is a zero tensor, as
+under Horovod; parameters that need no gradient keep ``grad=None``), then the root's
+``optimizer.state_dict()`` (every option value, e.g. a changed ``lr``, and every state tensor)
+is loaded everywhere.
 """
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from typing import Any
 import torch
 
 from hpctrain.horovod.torch import collectives as C
-from hpctrain.horovod.torch.basics import agree, state
 from hpctrain.horovod.torch.coordinator import Sig
-from hpctrain.horovod.torch.process_sets import check_process_set, global_process_set
+from hpctrain.horovod.torch.mpi_ops import root_problem
+from hpctrain.horovod.torch.process_sets import global_process_set, resolve
 
 
 def _named(params) -> list[tuple[str | None, torch.Tensor]]:
@@ -37,12 +37,13 @@ def _digest(named) -> str:
 def broadcast_parameters(params, root_rank: int, process_set=global_process_set) -> None:
     """Overwrite ``params`` (a ``state_dict()``, ``named_parameters()`` or a list of tensors)
     with ``root_rank``'s, in place."""
-    check_process_set(process_set)
+    ps = resolve(process_set)
     named = _named(params)
-    agree(Sig("broadcast_parameters", f"{len(named)} tensors", shape=(_digest(named),), root=int(root_rank)))
-    comm = state().comm
-    pending = [C.post_broadcast(comm, t.data if isinstance(t, torch.nn.Parameter) else t,
-                                t.data if isinstance(t, torch.nn.Parameter) else t, int(root_rank))
+    root, problem = root_problem(ps, root_rank)
+    ps.agree(Sig("broadcast_parameters", f"{len(named)} tensors", shape=(_digest(named),), root=root,
+                 problem=problem))
+    pending = [C.post_broadcast(ps.comm, t.data if isinstance(t, torch.nn.Parameter) else t,
+                                t.data if isinstance(t, torch.nn.Parameter) else t, ps.set_rank_of(root))
                for _, t in named]
     for p in pending:
         p.wait()
@@ -58,24 +59,43 @@ def _cpu(value):
     return value
 
 
+def _create_state(optimizer) -> None:
+    """Horovod's first step of a fresh optimizer: zero gradients where a parameter needs one,
+    one step of the wrapped optimizer (never the distributed one: no reduction)."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
+                if isinstance(optimizer, torch.optim.SparseAdam):
+                    p.grad = p.grad.to_sparse()
+    inner = getattr(optimizer, "_inner", optimizer)
+    inner.step()
+
+
 def broadcast_optimizer_state(optimizer, root_rank: int, model=None, process_set=global_process_set) -> None:
-    """Make every rank's optimizer options and state ``root_rank``'s (exactly)."""
-    check_process_set(process_set)
-    sd = _cpu(optimizer.state_dict()) if state().topo.rank == root_rank else None
-    sd = broadcast_object(sd, root_rank, name="optimizer_state")
-    if state().topo.rank != root_rank:
+    """Make every member's optimizer options and state ``root_rank``'s (exactly)."""
+    ps = resolve(process_set)
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    if not optimizer.state_dict()["state"]:
+        _create_state(optimizer)
+    is_root = ps.rank() == ps.set_rank_of(int(root_rank))
+    sd = _cpu(optimizer.state_dict()) if is_root else None
+    sd = broadcast_object(sd, root_rank, name="optimizer_state", process_set=ps)
+    if not is_root:
         optimizer.load_state_dict(sd)
 
 
 def broadcast_object(obj, root_rank: int = 0, name=None, process_set=global_process_set) -> Any:
-    """``root_rank``'s ``obj`` (pickled) on every rank."""
-    check_process_set(process_set)
-    agree(Sig("broadcast_object", name or state().auto_name("broadcast_object"), root=int(root_rank)))
-    return state().comm.bcast(obj, root=int(root_rank))
+    """``root_rank``'s ``obj`` (pickled) on every member."""
+    ps = resolve(process_set)
+    root, problem = root_problem(ps, root_rank)
+    ps.agree(Sig("broadcast_object", name or ps.auto_name("broadcast_object"), root=root, problem=problem))
+    return ps.comm.bcast(obj, root=ps.set_rank_of(root))
 
 
 def allgather_object(obj, name=None, process_set=global_process_set) -> list:
-    """Every rank's ``obj`` (pickled), in rank order."""
-    check_process_set(process_set)
-    agree(Sig("allgather_object", name or state().auto_name("allgather_object")))
-    return state().comm.allgather(obj)
+    """Every member's ``obj`` (pickled), in the set's rank order."""
+    ps = resolve(process_set)
+    ps.agree(Sig("allgather_object", name or ps.auto_name("allgather_object")))
+    return ps.comm.allgather(obj)

@@ -1,41 +1,34 @@
 """Horovod's tensor collectives, same names, signatures, defaults and semantics.
 
-Every call is first agreed by the coordinator (:mod:`.coordinator`: a mismatch or a stall ends the
-job with one line), then posted non-blocking (:mod:`.collectives`); ``*_async`` calls return an
-integer handle for :func:`poll` / :func:`synchronize`, the others wait. The out-of-place forms
-are autograd functions with Horovod's gradients (allreduce -> allreduce; allgather -> averaged
-gradient, own rows; broadcast -> averaged gradient on the root, zeros elsewhere; alltoall ->
-alltoall back; reducescatter -> allgather).
+Every call is first agreed by its process set's coordinator (:mod:`.coordinator`: a mismatch
+raises on every rank, a stall ends the job with one line), then posted non-blocking
+(:mod:`.collectives`); ``*_async`` calls return an integer handle for :func:`poll` /
+:func:`synchronize` (:mod:`.handles`), the others wait. The out-of-place forms are autograd
+functions with Horovod's gradients: allreduce -> allreduce with the same op and scales;
+allgather -> the averaged gradient's own rows; broadcast -> the averaged gradient on the root,
+zeros elsewhere; alltoall -> alltoall back; reducescatter -> allgather, times the set's size for
+``Sum`` (Horovod's convention: each rank's loss gets the reduced gradient, as for allreduce).
+Grouped forms are in :mod:`.grouped_ops`, barrier and join in :mod:`.join`.
 """
 from __future__ import annotations
 
-import itertools
 import warnings
-from typing import Any
 
 import torch
 
 from hpctrain.horovod.torch import buffers as B
 from hpctrain.horovod.torch import collectives as C
-from hpctrain.horovod.torch.basics import agree, state
 from hpctrain.horovod.torch.compression import Compression
-from hpctrain.horovod.torch.coordinator import Sig
+from hpctrain.horovod.torch.coordinator import Sig, Verdict
 from hpctrain.horovod.torch.errors import unsupported
-from hpctrain.horovod.torch.process_sets import check_process_set, global_process_set
+from hpctrain.horovod.torch.handles import check_name, now_if_recording, poll, register, synchronize
+from hpctrain.horovod.torch.process_sets import ProcessSet, global_process_set, resolve
 
 Average, Sum, Adasum, Min, Max, Product = B.Average, B.Sum, B.Adasum, B.Min, B.Max, B.Product
-
-_handles: dict[int, C.InFlight] = {}
-_next_handle = itertools.count(1)
+__all__ = ["poll", "synchronize"]             # re-exported from .handles
 
 
-def _handle(op: C.InFlight) -> int:
-    h = next(_next_handle)
-    _handles[h] = op
-    return h
-
-
-def _op(op, average) -> int:
+def op_of(op, average) -> int:
     """Horovod's ``average``/``op`` rule: ``op`` supersedes the deprecated ``average``."""
     if op is not None and average is not None:
         raise ValueError("The op parameter supersedes average. Please provide only one of them.")
@@ -52,30 +45,38 @@ def _op(op, average) -> int:
     return op
 
 
-def _sig(kind, tensor, name, op=None, root=-1, free_dim0=False, extra=None) -> Sig:
-    shape = tuple(tensor.shape)
-    if free_dim0:
-        shape = ("*", *shape[1:])
-    return Sig(kind, name or state().auto_name(kind), B.dtype_name(tensor.dtype), shape,
-               B.OP_NAMES[op] if op is not None else "", root, extra)
+def agree_on(ps: ProcessSet, kind: str, name, tensor=None, op=None, root=-1, free_dim0=False,
+             extra=None, problem="", **fields) -> tuple[Verdict, str]:
+    """Agree one collective on ``ps``: (verdict, the agreed name)."""
+    check_name(kind, name, ps.process_set_id or 0)
+    if tensor is not None:
+        shape = tuple(tensor.shape)
+        fields = {"dtype": B.dtype_name(tensor.dtype),
+                  "shape": ("*", *shape[1:]) if free_dim0 else shape, **fields}
+    sig = Sig(kind, name or ps.auto_name(kind), op=B.OP_NAMES[op] if op is not None else "",
+              root=root, extra=extra, problem=problem, **fields)
+    return ps.agree(sig), sig.name
 
 
-def _comm():
-    return state().comm
+def post(ps: ProcessSet, kind: str, agreed_name: str, held, start) -> int:
+    """Post the agreed collective (``start()`` returns its InFlight) and return its handle."""
+    t0 = now_if_recording()
+    return register(start(), kind, agreed_name, ps.process_set_id or 0, hold=bool(held), t0=t0)
 
 
 # --- allreduce -----------------------------------------------------------------------------
 def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set) -> int:
-    check_process_set(process_set)
+    ps = resolve(process_set)
     B.check(tensor)
-    agree(_sig("allreduce", tensor, name, op))
-    return _handle(C.post_allreduce(_comm(), tensor, output, op, prescale_factor, postscale_factor))
+    _, agreed = agree_on(ps, "allreduce", name, tensor, op)
+    return post(ps, "allreduce", agreed, name, lambda: C.post_allreduce(
+        ps.comm, tensor, output, op, prescale_factor, postscale_factor))
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=global_process_set) -> int:
-    """Start averaging (or ``op``-reducing) ``tensor`` over all ranks; the input is not modified."""
-    op = _op(op, average)
+    """Start averaging (or ``op``-reducing) ``tensor`` over the set; the input is not modified."""
+    op = op_of(op, average)
     return _allreduce_async(tensor, torch.empty_like(tensor), name, op, prescale_factor,
                             postscale_factor, process_set)
 
@@ -83,7 +84,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set) -> int:
     """In-place :func:`allreduce_async`."""
-    op = _op(op, average)
+    op = op_of(op, average)
     return _allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor, process_set)
 
 
@@ -110,69 +111,25 @@ class _Allreduce(torch.autograd.Function):
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
               prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set) -> torch.Tensor:
-    """The average (or ``op``) of ``tensor`` over all ranks, as a new tensor; differentiable."""
-    op = _op(op, average)
+    """The average (or ``op``) of ``tensor`` over the set, as a new tensor; differentiable."""
+    op = op_of(op, average)
     compressed, ctx = compression.compress(tensor)
     reduced = _Allreduce.apply(compressed, name, op, prescale_factor, postscale_factor, process_set)
     return compression.decompress(reduced, ctx)
 
 
-# --- grouped allreduce -------------------------------------------------------------------------
-def _grouped_async(tensors, outputs, name, op, prescale, postscale, process_set) -> int:
-    check_process_set(process_set)
-    tensors = list(tensors)
-    for t in tensors:
-        B.check(t)
-    sig = Sig("grouped_allreduce", name or state().auto_name("grouped_allreduce"),
-              ",".join(B.dtype_name(t.dtype) for t in tensors), tuple(tuple(t.shape) for t in tensors),
-              B.OP_NAMES[op])
-    agree(sig)
-    return _handle(C.post_grouped_allreduce(_comm(), tensors, outputs, op, prescale, postscale))
-
-
-def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                            postscale_factor=1.0, process_set=global_process_set) -> int:
-    op = _op(op, average)
-    tensors = list(tensors)
-    return _grouped_async(tensors, [torch.empty_like(t) for t in tensors], name, op,
-                          prescale_factor, postscale_factor, process_set)
-
-
-def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                             postscale_factor=1.0, process_set=global_process_set) -> int:
-    op = _op(op, average)
-    tensors = list(tensors)
-    return _grouped_async(tensors, tensors, name, op, prescale_factor, postscale_factor, process_set)
-
-
-def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
-                      prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set) -> list[torch.Tensor]:
-    """:func:`allreduce` of a list of tensors, fused into one reduction per dtype."""
-    op = _op(op, average)
-    pairs = [compression.compress(t) for t in tensors]
-    outs = synchronize(_grouped_async([t for t, _ in pairs], [torch.empty_like(t) for t, _ in pairs],
-                                      name, op, prescale_factor, postscale_factor, process_set))
-    return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, pairs)]
-
-
-def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                       postscale_factor=1.0, process_set=global_process_set) -> list[torch.Tensor]:
-    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
-                                                postscale_factor, process_set))
-
-
 # --- allgather ---------------------------------------------------------------------------------
 def _allgather(tensor, name, process_set) -> tuple[int, list[int]]:
-    check_process_set(process_set)
+    ps = resolve(process_set)
     B.check(tensor)
     rows = tensor.shape[0] if tensor.dim() else 1
-    verdict = agree(_sig("allgather", tensor, name, free_dim0=True, extra=rows))
+    verdict, agreed = agree_on(ps, "allgather", name, tensor, free_dim0=True, extra=rows)
     counts = [e or 0 for e in verdict.extras]
-    return _handle(C.post_allgather(_comm(), tensor, counts)), counts
+    return post(ps, "allgather", agreed, name, lambda: C.post_allgather(ps.comm, tensor, counts)), counts
 
 
 def allgather_async(tensor, name=None, process_set=global_process_set) -> int:
-    """Start concatenating every rank's ``tensor`` along dimension 0 (sizes may differ)."""
+    """Start concatenating every member's ``tensor`` along dimension 0 (sizes may differ)."""
     return _allgather(tensor, name, process_set)[0]
 
 
@@ -185,25 +142,33 @@ class _Allgather(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        reduced = allreduce(grad, op=Average, process_set=ctx.process_set)
-        r = state().topo.rank
+        reduced = allreduce(grad.contiguous(), op=Average, process_set=ctx.process_set)
+        r = resolve(ctx.process_set).rank()
         return reduced.narrow(0, sum(ctx.rows[:r]), ctx.rows[r]), None, None
 
 
 def allgather(tensor, name=None, process_set=global_process_set) -> torch.Tensor:
-    """Every rank's ``tensor`` concatenated along dimension 0; differentiable."""
+    """Every member's ``tensor`` concatenated along dimension 0; differentiable."""
     return _Allgather.apply(tensor, name, process_set)
 
 
 # --- broadcast ---------------------------------------------------------------------------------
+def root_problem(ps: ProcessSet, root_rank) -> tuple[int, str]:
+    """``root_rank`` (a rank of the job) as the set's rank, and what is wrong with it."""
+    root = int(root_rank)
+    if ps.set_rank_of(root) < 0:
+        where = "this job" if ps.process_set_id == 0 else f"process set {ps.process_set_id} ({ps.ranks})"
+        return root, f"root_rank {root} is not a rank of {where}"
+    return root, ""
+
+
 def _broadcast_async(tensor, output, root_rank, name, process_set) -> int:
-    check_process_set(process_set)
+    ps = resolve(process_set)
     B.check(tensor)
-    n = state().topo.size
-    if not 0 <= int(root_rank) < n:
-        raise ValueError(f"hpctrain.horovod: root_rank {root_rank} is not a rank of this job (size {n})")
-    agree(_sig("broadcast", tensor, name, root=int(root_rank)))
-    return _handle(C.post_broadcast(_comm(), tensor, output, int(root_rank)))
+    root, problem = root_problem(ps, root_rank)
+    _, agreed = agree_on(ps, "broadcast", name, tensor, root=root, problem=problem)
+    return post(ps, "broadcast", agreed, name,
+                lambda: C.post_broadcast(ps.comm, tensor, output, ps.set_rank_of(root)))
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set) -> int:
@@ -222,44 +187,49 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set) -> 
 class _Broadcast(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, root_rank, name, process_set):
-        ctx.root, ctx.process_set = root_rank, process_set
+        ctx.root, ctx.process_set = int(root_rank), process_set
         return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
     @staticmethod
     def backward(ctx, grad):
-        reduced = allreduce(grad, op=Average, process_set=ctx.process_set)
-        if state().topo.rank != ctx.root:
+        ps = resolve(ctx.process_set)
+        reduced = allreduce(grad.contiguous(), op=Average, process_set=ps)
+        if ps.rank() != ps.set_rank_of(ctx.root):
             reduced = reduced * 0
         return reduced, None, None, None
 
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set) -> torch.Tensor:
-    """``root_rank``'s ``tensor`` on every rank, as a new tensor; differentiable."""
+    """``root_rank``'s ``tensor`` on every member, as a new tensor; differentiable."""
     return _Broadcast.apply(tensor, root_rank, name, process_set)
 
 
 # --- alltoall ------------------------------------------------------------------------------------
 def _alltoall_async(tensor, splits, name, process_set) -> int:
-    check_process_set(process_set)
+    ps = resolve(process_set)
     B.check(tensor)
-    n = state().topo.size
+    n = ps.size()
     rows = tensor.shape[0] if tensor.dim() else 1
+    problem, send = "", [0] * n
     if splits is None:
         if rows % n:
-            raise ValueError(f"hpctrain.horovod: alltoall without splits needs dimension 0 ({rows}) "
-                             f"divisible by the number of ranks ({n})")
-        send = [rows // n] * n
+            problem = f"alltoall without splits needs dimension 0 ({rows}) divisible by the number of ranks ({n})"
+        else:
+            send = [rows // n] * n
+    elif isinstance(splits, torch.Tensor) and (splits.is_floating_point() or splits.is_complex()):
+        problem = f"splits must hold integers, got {B.dtype_name(splits.dtype)}"
     else:
-        send = [int(s) for s in (splits.tolist() if isinstance(splits, torch.Tensor) else splits)]
-        if len(send) != n or min(send) < 0 or sum(send) != rows:
-            raise ValueError(f"hpctrain.horovod: alltoall splits {send} must be {n} non-negative "
-                             f"counts summing to dimension 0 ({rows})")
-    agree(_sig("alltoall", tensor, name, free_dim0=True))
-    return _handle(C.post_alltoall(_comm(), tensor, send))
+        got = [int(s) for s in (splits.tolist() if isinstance(splits, torch.Tensor) else splits)]
+        if len(got) != n or min(got, default=0) < 0 or sum(got) != rows:
+            problem = f"splits {got} must be {n} non-negative counts summing to dimension 0 ({rows})"
+        else:
+            send = got
+    _, agreed = agree_on(ps, "alltoall", name, tensor, free_dim0=True, problem=problem)
+    return post(ps, "alltoall", agreed, name, lambda: C.post_alltoall(ps.comm, tensor, send))
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> int:
-    """Start sending rows of ``tensor`` to every rank; :func:`synchronize` returns
+    """Start sending rows of ``tensor`` to every member; :func:`synchronize` returns
     ``(output, received_splits)``."""
     return _alltoall_async(tensor, splits, name, process_set)
 
@@ -280,34 +250,47 @@ class _Alltoall(torch.autograd.Function):
 
 def alltoall(tensor, splits=None, name=None,
              process_set=global_process_set) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Rows of ``tensor`` scattered to every rank (equal shares, or ``splits``), rows from every
-    rank gathered; with ``splits`` also the rows received from each rank. Differentiable."""
+    """Rows of ``tensor`` scattered to every member (equal shares, or ``splits``), rows from
+    every member gathered; with ``splits`` also the rows received from each. Differentiable."""
     output, received = _Alltoall.apply(tensor, splits, name, process_set)
     return output if splits is None else (output, received)
 
 
 # --- reducescatter ---------------------------------------------------------------------------
-def _reducescatter_async(tensor, name, op, prescale, postscale, process_set) -> int:
-    check_process_set(process_set)
-    B.check(tensor)
+def reducescatter_problem(tensor, op) -> str:
     if op not in (Average, Sum):
-        raise ValueError("hpctrain.horovod: reducescatter supports op=Average and op=Sum")
+        return "reducescatter supports op=Average and op=Sum"
     if tensor.dim() == 0:
-        raise ValueError("hpctrain.horovod: reducescatter needs a tensor of at least one dimension")
-    agree(_sig("reducescatter", tensor, name, op))
-    return _handle(C.post_reducescatter(_comm(), tensor, op, prescale, postscale))
+        return "reducescatter needs a tensor of at least one dimension"
+    return ""
+
+
+def _reducescatter_async(tensor, name, op, prescale, postscale, process_set) -> int:
+    ps = resolve(process_set)
+    B.check(tensor)
+    problem = reducescatter_problem(tensor, op)
+    if problem:
+        raise ValueError(f"hpctrain.horovod: {problem}")
+    _, agreed = agree_on(ps, "reducescatter", name, tensor, op)
+    return post(ps, "reducescatter", agreed, name,
+                lambda: C.post_reducescatter(ps.comm, tensor, op, prescale, postscale))
 
 
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
                         prescale_factor=1.0, postscale_factor=1.0) -> int:
-    return _reducescatter_async(tensor, name, _op(op, None), prescale_factor, postscale_factor,
+    return _reducescatter_async(tensor, name, op_of(op, None), prescale_factor, postscale_factor,
                                 process_set)
+
+
+def reducescatter_grad_factor(op, prescale, postscale, process_set) -> float:
+    """Horovod's reducescatter gradient: allgather, times the set's size for Sum, times scales."""
+    return prescale * postscale * (resolve(process_set).size() if op == Sum else 1)
 
 
 class _Reducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, prescale, postscale, process_set):
-        ctx.factor = prescale * postscale / (state().topo.size if op == Average else 1)
+        ctx.factor = reducescatter_grad_factor(op, prescale, postscale, process_set)
         ctx.process_set = process_set
         return synchronize(_reducescatter_async(tensor, name, op, prescale, postscale, process_set))
 
@@ -319,84 +302,9 @@ class _Reducescatter(torch.autograd.Function):
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
                   process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0) -> torch.Tensor:
-    """Reduce ``tensor`` over ranks and keep this rank's rows (the first ``rows % size`` ranks
-    one row more); differentiable."""
+    """Reduce ``tensor`` over the set and keep this member's rows (the first ``rows % size``
+    members one row more); differentiable."""
     compressed, ctx = compression.compress(tensor)
-    out = _Reducescatter.apply(compressed, name, _op(op, None), prescale_factor, postscale_factor,
+    out = _Reducescatter.apply(compressed, name, op_of(op, None), prescale_factor, postscale_factor,
                                process_set)
     return compression.decompress(out, ctx)
-
-
-# --- handles, barrier, join ------------------------------------------------------------------
-def poll(handle: int) -> bool:
-    """True once the collective behind ``handle`` is done (then :func:`synchronize` won't block)."""
-    if handle not in _handles:
-        raise ValueError(f"hpctrain.horovod: unknown handle {handle!r}")
-    return _handles[handle].poll()
-
-
-def synchronize(handle: int) -> Any:
-    """Wait for the collective behind ``handle`` and return its result (None for an unknown handle,
-    as Horovod)."""
-    op = _handles.pop(handle, None)
-    return None if op is None else op.wait()
-
-
-def barrier(process_set=global_process_set) -> None:
-    check_process_set(process_set)
-    agree(Sig("barrier", "barrier"))
-    C.post_barrier(_comm()).wait()
-
-
-def join(device=-1) -> int:
-    """This rank has no more data: until every rank has joined, take part in the others'
-    collectives with a neutral contribution (zeros to sums, no rows to allgather, zero gradients
-    to DistributedOptimizer steps). Returns the rank that joined last."""
-    while True:
-        verdict = agree(Sig("join", "join"))
-        if verdict.last_joined >= 0:
-            return verdict.last_joined
-        _mirror(verdict)
-
-
-def _mirror(verdict) -> None:
-    """A joined rank's part in the collective ``verdict.sig`` the active ranks run."""
-    sig, comm = verdict.sig, _comm()
-    _follow_auto_name(sig)
-    op = {v: k for k, v in B.OP_NAMES.items()}.get(sig.op, Sum)
-    dtype = getattr(torch, sig.dtype.split(",")[0]) if sig.dtype else None
-    if sig.kind == "allreduce":
-        assert dtype is not None            # an allreduce's signature names its tensor's dtype
-        t = B.neutral(op, dtype, sig.shape)
-        C.post_allreduce(comm, t, t, op).wait()
-    elif sig.kind == "grouped_allreduce":
-        ts = [B.neutral(op, getattr(torch, d), s) for d, s in zip(sig.dtype.split(","), sig.shape)]
-        C.post_grouped_allreduce(comm, ts, ts, op).wait()
-    elif sig.kind == "allgather":
-        C.post_allgather(comm, torch.empty((0, *sig.shape[1:]), dtype=dtype),
-                         [e or 0 for e in verdict.extras]).wait()
-    elif sig.kind == "broadcast":
-        t = torch.empty(sig.shape, dtype=dtype)
-        C.post_broadcast(comm, t, t, sig.root).wait()
-    elif sig.kind == "barrier":
-        C.post_barrier(comm).wait()
-    elif sig.kind == "grad":
-        state().optimizers[sig.name].mirror_round()
-
-
-def _follow_auto_name(sig) -> None:
-    """A joined rank does not make the unnamed calls the others make: advance its counter past
-    theirs, so automatic names (``allgather.noname.N``) still agree once every rank has joined."""
-    prefix = f"{sig.kind}.noname."
-    if sig.name.startswith(prefix) and sig.name[len(prefix):].isdigit():
-        counters = state().counters
-        counters[sig.kind] = max(counters.get(sig.kind, 0), int(sig.name[len(prefix):]) + 1)
-
-
-def refuse_joined(sig: Sig, joined: tuple) -> str | None:
-    """Why ``sig`` cannot run while ``joined`` ranks have joined (None: it can)."""
-    if sig.kind in ("allreduce", "grouped_allreduce", "allgather", "barrier", "grad"):
-        return None
-    if sig.kind == "broadcast":
-        return f"its root rank {sig.root} has joined" if sig.root in joined else None
-    return "joined ranks take part only in allreduce, allgather, broadcast, barrier and optimizer steps"

@@ -25,17 +25,18 @@ import torch
 from hpctrain import comm as comm_lib
 from hpctrain.comm.buckets import DEFAULT_BUCKET_BYTES
 from hpctrain.horovod.torch import buffers as B
-from hpctrain.horovod.torch.basics import agree, state
+from hpctrain.horovod.torch.basics import state
 from hpctrain.horovod.torch.compression import Compression
 from hpctrain.horovod.torch.coordinator import Sig
 from hpctrain.horovod.torch.errors import unsupported
-from hpctrain.horovod.torch.process_sets import check_process_set, global_process_set
+from hpctrain.horovod.torch.process_sets import global_process_set, resolve
 
 
 def _named(optimizer, named_parameters) -> list[tuple[str, torch.Tensor]]:
     """Horovod's checks of ``named_parameters``, with its messages."""
-    if named_parameters is None:
-        return [(f"allreduce.noname.{i}", v) for g in optimizer.param_groups for i, v in enumerate(g["params"])]
+    if named_parameters is None:     # Horovod's automatic names: group and index, unique
+        return [(f"allreduce.noname.{i}.{j}", v) for i, g in enumerate(optimizer.param_groups)
+                for j, v in enumerate(g["params"])]
     named = list(named_parameters)
     if any(not isinstance(p, tuple) for p in named):
         raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
@@ -73,7 +74,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, optimizer, named_parameters=None, compression=Compression.none,
                  backward_passes_per_step=1, op=B.Average, gradient_predivide_factor=1.0,
                  num_groups=0, groups=None, sparse_as_dense=False, process_set=global_process_set):
-        check_process_set(process_set)
         if op == B.Adasum:
             raise unsupported("DistributedOptimizer(op=Adasum)", "use op=hvd.Average (the default) "
                               "with a large-batch optimiser (hpctrain.LARS) instead (docs/horovod.md)")
@@ -87,6 +87,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                               "use hvd.Compression.none or hvd.Compression.fp16")
         if int(backward_passes_per_step) < 1:
             raise ValueError("backward_passes_per_step must be at least 1")
+        ps = resolve(process_set)
         self._building = True
         torch.optim.Optimizer.__init__(self, [{"params": []}], optimizer.defaults)
         self._building = False
@@ -94,17 +95,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.param_groups, self.state = optimizer.param_groups, optimizer.state
         named = _named(optimizer, named_parameters)
         self._names = {id(v): k for k, v in named}
+        self._parameter_names = {v: k for k, v in named}     # Horovod's attribute: param -> name
         self._params = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
         self.backward_passes_per_step = int(backward_passes_per_step)
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
         st = state()
-        self._id = f"optimizer.{len(st.optimizers)}"
+        self._ps = ps
+        n = ps.counters["optimizer"] = ps.counters.get("optimizer", -1) + 1
+        self._id = f"optimizer.{ps.process_set_id}.{n}"      # same on every member of the set
         # The gradient path is agreed once: its buckets never change afterwards.
         layout = repr([(self._names.get(id(p)), tuple(p.shape), str(p.dtype)) for p in self._params])
-        agree(Sig("optimizer", self._id, shape=(hashlib.sha1(layout.encode()).hexdigest()[:12],),
-                  op=f"{B.OP_NAMES[op]}/{wire}"))
-        self._sync = comm_lib.create(os.environ.get("HPCTRAIN_STRATEGY", "auto"), self._params, st.topo,
+        ps.agree(Sig("optimizer", self._id, shape=(hashlib.sha1(layout.encode()).hexdigest()[:12],),
+                     op=f"{B.OP_NAMES[op]}/{wire}"))
+        topo = st.topo if ps.process_set_id == 0 else ps.topology()
+        self._sync = comm_lib.create(os.environ.get("HPCTRAIN_STRATEGY", "auto"), self._params, topo,
                                      bucket_bytes=_bucket_bytes(), compression=wire, tune="measure")
         if op == B.Sum:
             self._sync.gather_scale = 1.0       # the sum, not the mean
@@ -113,7 +118,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized, self._should_synchronize = False, True
         self._registry = st.optimizers
         self._registry[self._id] = self
-        if st.topo.rank == 0:
+        if topo.rank == 0:
             grouped = " (num_groups/groups: fused by bucket size instead)" if num_groups or groups else ""
             sys.stderr.write(f"hpctrain.horovod: gradients by {self._sync.describe()}{grouped}\n")
 
@@ -141,7 +146,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """Average every gradient over ranks now (collective); ``p.grad`` holds the mean."""
         if self._sync.closed:
             raise RuntimeError("hpctrain.horovod: DistributedOptimizer used after hvd.shutdown()")
-        agree(Sig("grad", self._id))
+        self._ps.agree(Sig("grad", self._id))
         self._sync.finish(scatter=True, check=False)    # Horovod has no overflow flag: none read
         self._passes = dict.fromkeys(self._passes, 0)
         self._synchronized = True
@@ -182,6 +187,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._passes = dict.fromkeys(self._passes, 0)
         self._synchronized, self._should_synchronize = False, True
         self._inner.load_state_dict(state_dict)
+        # torch replaces the optimizer's param_groups and state with new objects: share those
+        self.param_groups, self.state = self._inner.param_groups, self._inner.state
 
     def __repr__(self) -> str:
         return f"DistributedOptimizer({self._inner!r})"
