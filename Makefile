@@ -94,8 +94,10 @@ docs: setup
 test-serial:
 	$(PY) -m pytest -q -n 2 --dist loadfile tests/unit tests/kernels tests/integration
 
+# Horovod's API also at -n 3 (an odd size: uneven reducescatter splits, a process set of 2 in 3).
 test-mpi:
 	for n in 2 4; do $(MPIEXEC) -n $$n $(PY) $(PYTEST_MPI) tests/mpi || exit 1; done
+	$(MPIEXEC) -n 3 $(PY) $(PYTEST_MPI) tests/mpi/test_horovod_*.py
 
 # The GPU suite (docs/gpus.md: the first command on a GPU node; no network, no `setup`): a
 # preflight that names every missing piece and exits 2 (CUDA torch, CuPy with an NVRTC compile,
