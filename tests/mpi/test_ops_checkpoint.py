@@ -126,8 +126,9 @@ def test_resume_auto_skips_corrupt_newest_and_explicit_bad_path_fails(world, tmp
     b = closer(make_trainer(topo, seed=3))
     pos = ck.Checkpointer(world, d, steps_per_epoch=10, global_batch=8, config={}).resume(b, "auto")
     assert pos.step == 1 and b.step_count == 1
+    assert not os.path.exists(bad) and os.path.exists(bad + ".corrupt")     # set aside, never deleted
     with pytest.raises(UserError, match="SHA-256 mismatch"):
-        ck.Checkpointer(world, d, steps_per_epoch=10, global_batch=8, config={}).resume(b, bad)
+        ck.Checkpointer(world, d, steps_per_epoch=10, global_batch=8, config={}).resume(b, bad + ".corrupt")
     assert ck.Checkpointer(world, d + "/none", steps_per_epoch=10, global_batch=8, config={}).resume(b, "auto") is None
     assert good.endswith(ck.checkpoint_name(1))
 
