@@ -40,6 +40,7 @@ def check_result(record: dict, split: str, keys: tuple[str, ...], where: str = "
     if not bad:
         return
     what = ", ".join(f"{k} {record[k]}" for k in bad)
-    at = f": sample {sample} of the {split} split has a non-finite loss (its data or label)" if sample != NO_SAMPLE else ""
+    at = (f": sample {sample} of the {split} split has a non-finite loss (its data or label)"
+          if sample != NO_SAMPLE else "")
     raise NonFiniteResult(f"non-finite result on the {split} split{' ' + where if where else ''} ({what}){at}; "
                           f"not reported as done (a checkpoint of the weights was written)")

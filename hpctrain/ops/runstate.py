@@ -79,8 +79,8 @@ def describe(run_dir: str, since: float | None = None) -> tuple[str, int]:
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m hpctrain status",
                                  description="Print how the run in RUN_DIR ended; exit 0 done, 3 stopped (checkpoint "
-                                             "written), 2 failed, 4 stalled (ended by the watchdog), 5 ended without a record "
-                                             "(killed, aborted), 1 still running.")
+                                             "written), 2 failed, 4 stalled (ended by the watchdog), 5 ended without a "
+                                             "record (killed, aborted), 1 still running.")
     ap.add_argument("run_dir", metavar="RUN_DIR")
     ap.add_argument("--since", type=float, metavar="UNIX_TIME",
                     help="the job started then: an older record is an earlier job's (the batch scripts pass it)")

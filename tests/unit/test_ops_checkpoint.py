@@ -171,7 +171,8 @@ def test_auto_refuses_when_no_checkpoint_of_the_run_verifies(tmp_path):
     paths = [_write_leg(d, s, 0, 64 * s) for s in (5, 10)]
     for p in paths:
         _flip_last_byte(p)
-    msg = r"no checkpoint of this run in .* verifies \(set aside: ckpt-000000005.pt.corrupt, ckpt-000000010.pt.corrupt\)"
+    msg = (r"no checkpoint of this run in .* verifies "
+           r"\(set aside: ckpt-000000005.pt.corrupt, ckpt-000000010.pt.corrupt\)")
     with pytest.raises(ck.CheckpointError, match=msg):
         ck.newest_valid(d, run_id="r1")
     with pytest.raises(ck.CheckpointError, match=msg):         # and again: the refusal is not a one-off

@@ -51,7 +51,7 @@ def test_a_window_too_large_for_memory_is_refused_before_allocation():
     assert loader_bytes((3, 224, 224), "uint8", batch_size=1, shuffle_window=10, prefetch=0) == \
         2 * 10 * (per_sample + 8) + 1 * (per_sample * 4 + 8)
     check_loader_memory(Index(), batch_size=64, shuffle_window=1024, prefetch=2, available=64 << 30)
-    with pytest.raises(ConfigError, match=r"config data.shuffle_window: a window of 10,000,000 samples .* GiB per rank"):
+    with pytest.raises(ConfigError, match=r"config data.shuffle_window: a window of 10,000,000 samples .* per rank"):
         check_loader_memory(Index(), batch_size=64, shuffle_window=10**7, prefetch=2, available=64 << 30)
     with pytest.raises(ConfigError, match=r"config train.batch_size: .* each of the node's 8 rank"):
         check_loader_memory(Index(), batch_size=10**6, shuffle_window=1024, prefetch=2, local_size=8,
