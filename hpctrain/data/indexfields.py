@@ -53,7 +53,7 @@ def field_problems(meta: dict) -> tuple[str, str] | None:
         return "sample_shape", (f"{dt} {tuple(shape)} is {n_bytes / 2**20:,.0f} MiB a sample, over the limit of "
                                 f"{MAX_SAMPLE_BYTES >> 20} MiB")
     k = meta.get("num_classes")
-    if not (_is_int(k) and 1 <= k <= MAX_CLASSES):
+    if not (isinstance(k, int) and _is_int(k) and 1 <= k <= MAX_CLASSES):
         return "num_classes", f"is {k!r:.40}: need an integer in 1..{MAX_CLASSES:,}"
     names = meta.get("class_names", [])
     if not (isinstance(names, list) and all(isinstance(n, str) for n in names) and len(names) in (0, k)):

@@ -228,7 +228,7 @@ class Checkpointer:
         self.last_step, self.last_path = pos.step, path
         return pos
 
-    def _continue_work(self, path: str, state: dict, pos: Position, top_leg: int) -> None:
+    def _continue_work(self, path: str | None, state: dict, pos: Position, top_leg: int) -> None:
         """This run's leg and samples seen from the checkpoint resumed (:mod:`~hpctrain.ops.ckptdir`):
         the same leg when nothing changed and it is the newest; else a new leg after the newest,
         said in one line on rank 0 when the global batch or rank count changed."""
