@@ -29,14 +29,14 @@ import torch
 from mpi4py import MPI
 
 from hpctrain.ops.agree import first_difference, model_signature
-from hpctrain.ops.ckptdir import (checkpoint_name, corrupt_files, list_checkpoints, newest_leg, newest_valid,
+from hpctrain.ops.ckptdir import (checkpoint_name, corrupt_files, list_checkpoints, newest_work, newest_valid,
                                   of_run, prune)
 from hpctrain.ops.ckptfile import (FORMAT_VERSION, MAGIC, CheckpointError, decode, encode, read_file, read_header,
                                    write_file)
 from hpctrain.ops.metrics import NULL_TIMER, Timer
 
 __all__ = ["BCAST_CHUNK_BYTES", "CheckpointError", "Checkpointer", "FORMAT_VERSION", "MAGIC", "Position",
-           "checkpoint_name", "corrupt_files", "decode", "encode", "list_checkpoints", "newest_leg", "newest_valid",
+           "checkpoint_name", "corrupt_files", "decode", "encode", "list_checkpoints", "newest_work", "newest_valid",
            "of_run", "prune", "read_file", "read_header", "replan", "resume_spec", "rng_state", "set_rng_state",
            "write_file"]
 
@@ -161,15 +161,14 @@ class Checkpointer:
         self.last_step, self.last_path = step, path
         return path
 
-    def _fetch(self, spec: str) -> tuple[str | None, bytes | None, int]:
-        """Rank 0 finds and verifies; everyone gets (path, payload) or (None, None), and the newest
-        leg of this run in the directory."""
+    def _fetch(self, spec: str) -> tuple[str | None, bytes | None, tuple[int, str] | None]:
+        """Rank 0 finds and verifies; everyone gets (path, payload) or (None, None), and the leg and
+        path of this run's newest work in the directory (:func:`~hpctrain.ops.ckptdir.newest_work`)."""
         path: str | None = None
         payload: bytes | None = None
         error: str | None = None
-        top_leg = 0
+        newest: tuple[int, str] | None = None
         if self.rank == 0:
-            top_leg = newest_leg(self.directory, self.run_id)
             try:
                 if spec == "auto":
                     found = newest_valid(self.directory, warn=lambda m: self._say(f"warning: {m}"),
@@ -183,12 +182,13 @@ class Checkpointer:
                     _, payload = read_file(spec)
             except CheckpointError as exc:
                 error = str(exc)
-        path, n, error, top_leg = self.comm.bcast((path, None if payload is None else len(payload), error, top_leg),
-                                                  root=0)
+            newest = newest_work(self.directory, self.run_id)     # after any corrupt one was set aside
+        path, n, error, newest = self.comm.bcast((path, None if payload is None else len(payload), error, newest),
+                                                 root=0)
         if error:
             raise CheckpointError(error)
         if n is None:
-            return None, None, top_leg
+            return None, None, newest
         if self.rank == 0:
             assert payload is not None      # n is its length
             buf = np.frombuffer(payload, np.uint8).copy()
@@ -196,14 +196,14 @@ class Checkpointer:
             buf = np.empty(n, np.uint8)
         for lo in range(0, n, BCAST_CHUNK_BYTES):
             self.comm.Bcast(buf[lo:lo + BCAST_CHUNK_BYTES], root=0)
-        return path, buf.tobytes(), top_leg
+        return path, buf.tobytes(), newest
 
     def resume(self, trainer, spec: str) -> Position | None:
         """Load ``spec`` ('auto', a path, or '' for none) into ``trainer``; the position to continue at."""
         spec = resume_spec(spec)
         if not spec:
             return None
-        path, payload, top_leg = self._fetch(spec)
+        path, payload, newest = self._fetch(spec)
         if payload is None:
             return None
         state = decode(payload)
@@ -218,7 +218,7 @@ class Checkpointer:
         pos = replan(state["epoch"], state["step_in_epoch"], state["global_batch"], self.steps_per_epoch,
                      self.global_batch)
         trainer.step_count = pos.step
-        self._continue_work(path, state, pos, top_leg)
+        self._continue_work(path, state, pos, newest)
         if state["world_size"] == self.size:
             set_rng_state(state["rng"][self.rank])
         elif self.rank < len(state["rng"]):
@@ -228,14 +228,17 @@ class Checkpointer:
         self.last_step, self.last_path = pos.step, path
         return pos
 
-    def _continue_work(self, path: str | None, state: dict, pos: Position, top_leg: int) -> None:
+    def _continue_work(self, path: str | None, state: dict, pos: Position, newest: tuple[int, str] | None) -> None:
         """This run's leg and samples seen from the checkpoint resumed (:mod:`~hpctrain.ops.ckptdir`):
-        the same leg when nothing changed and it is the newest; else a new leg after the newest,
-        said in one line on rank 0 when the global batch or rank count changed."""
+        the same leg when nothing changed and it holds the run's newest work here; else a new leg
+        after the newest (a resume from older work branches: it must not write over, nor rank
+        below, what came after it). Said in one line on rank 0 when the batch or rank count changed."""
         leg = state.get("leg", 0)
         old_batch, old_size = state["global_batch"], state["world_size"]
         changed = old_batch != self.global_batch or old_size != self.size
-        self.leg = leg if not changed and leg == top_leg else top_leg + 1
+        is_newest = newest is None or (path is not None and os.path.abspath(path) == newest[1])
+        top = leg if newest is None else newest[0]
+        self.leg = leg if not changed and is_newest else top + 1
         self.base_step = pos.step
         self.base_samples = state.get("samples_seen", state["step"] * old_batch)
         if changed:
@@ -243,7 +246,8 @@ class Checkpointer:
                      f"streams restart" if old_size != self.size else "")
             self._say(f"warning: resume changes the global batch {old_batch} -> {self.global_batch} "
                       f"({old_size} -> {self.size} ranks): leg {self.leg} of this run, its checkpoints "
-                      f"named -leg{self.leg} rank after leg {leg}'s; the rest of epoch {pos.epoch} follows this "
+                      f"named -leg{self.leg} rank after leg {top}'s; the rest of epoch {pos.epoch} follows this "
                       f"run's data plan (step {pos.step_in_epoch} of {self.steps_per_epoch}){ranks}")
         elif self.leg != leg:
-            self._say(f"note: {path} is older than leg {top_leg} of this run: continuing as leg {self.leg}")
+            self._say(f"note: {path} is not this run's newest work ({newest[1] if newest else '?'}): continuing "
+                      f"as leg {self.leg}, ranked after it")

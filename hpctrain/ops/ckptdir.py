@@ -84,9 +84,11 @@ def list_checkpoints(directory: str) -> list[tuple[int, str]]:
     return [(e.step, e.path) for e in entries(directory)]
 
 
-def newest_leg(directory: str, run_id: str | None) -> int:
-    """The highest leg among run ``run_id``'s readable checkpoints (0 if none)."""
-    return max((e.leg for e in entries(directory) if e.readable and of_run(e.path, run_id)), default=0)
+def newest_work(directory: str, run_id: str | None) -> tuple[int, str] | None:
+    """``(leg, path)`` of run ``run_id``'s readable checkpoint holding the newest work (its leg is
+    the run's highest), or None if it has none here."""
+    mine = [e for e in entries(directory) if e.readable and of_run(e.path, run_id)]
+    return (mine[-1].leg, os.path.abspath(mine[-1].path)) if mine else None
 
 
 def corrupt_files(directory: str, run_id: str | None = None) -> list[str]:

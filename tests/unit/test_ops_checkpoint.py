@@ -137,7 +137,7 @@ def test_newest_work_is_the_newest_leg_not_the_highest_step(tmp_path):
     leg1 = [_write_leg(d, s, 1, 64 * 44 + 128 * (s - 22)) for s in (23, 24, 25)]
     assert os.path.basename(leg1[0]) == "ckpt-000000023-leg1.pt"
     assert ck.newest_valid(d, run_id="r1")[0] == leg1[-1]
-    assert ck.newest_leg(d, "r1") == 1
+    assert ck.newest_work(d, "r1") == (1, os.path.abspath(leg1[-1]))
     ck.prune(d, keep=3, run_id="r1")
     assert [p for _, p in ck.list_checkpoints(d)] == leg1          # leg 0's pruned, never leg 1's
 
