@@ -118,21 +118,26 @@ def newest_valid(directory: str, warn=None, run_id: str | None = None) -> tuple[
     if the run has none. Each one that fails verification is set aside (:func:`set_aside`, with
     ``warn(msg)``). Raises :class:`CheckpointError` when none of this run's verifies but some
     failed (now or on an earlier try): starting afresh would silently discard that work; or when
-    there is none of this run's but another run's: continuing from those would be its weights."""
-    foreign = None
+    there is none of this run's but another run's: continuing from those would be its weights.
+    The warnings are given only when a checkpoint is found: a refusal is one line."""
+    foreign, warnings, unmoved = None, [], []
     for e in reversed(entries(directory)):
         if not of_run(e.path, run_id):
             foreign = foreign or e.path
             continue
         try:
             header, payload = read_file(e.path)
-            return e.path, header, payload
         except CheckpointError as exc:
             kept = set_aside(e.path)
             where = f"kept as {kept}" if kept != e.path else "could not be renamed; left in place"
-            if warn:
-                warn(f"{exc}; {where}; falling back to the previous checkpoint")
-    corrupt = corrupt_files(directory, run_id)
+            if kept == e.path:
+                unmoved.append(e.path)
+            warnings.append(f"{exc}; {where}; falling back to the previous checkpoint")
+            continue
+        for line in warnings if warn else ():
+            warn(line)
+        return e.path, header, payload
+    corrupt = corrupt_files(directory, run_id) + unmoved    # none verifies: the refusal's one line names them all
     if corrupt:
         raise CheckpointError(f"no checkpoint of this run in {directory} verifies (set aside: "
                               f"{', '.join(os.path.basename(p) for p in corrupt)}): refusing to start "

@@ -198,3 +198,13 @@ def test_an_unreadable_header_is_not_pruned(tmp_path):
 
 def test_resume_spec_none_is_a_fresh_start():
     assert ck.resume_spec("none") == ck.resume_spec("") == "" and ck.resume_spec("auto") == "auto"
+
+
+def test_a_corrupt_checkpoint_that_cannot_be_renamed_still_refuses(tmp_path, monkeypatch):
+    d = str(tmp_path)
+    bad = _write_leg(d, 5, 0, 320)
+    _flip_last_byte(bad)
+    monkeypatch.setattr(os, "rename", lambda *a: (_ for _ in ()).throw(PermissionError(13, "read-only")))
+    with pytest.raises(ck.CheckpointError, match=r"verifies \(set aside: ckpt-000000005.pt\)"):
+        ck.newest_valid(d, run_id="r1")
+    assert os.path.exists(bad)
