@@ -5,7 +5,7 @@ What the job will write — ``metrics.jsonl`` (appended), ``state.json``, ``run_
 directory and before anything is written: each name that exists must be a regular file (a
 directory, FIFO, socket or device in its place is refused: opening a FIFO would block forever),
 ``metrics.jsonl`` must open for appending, and the run directory and the checkpoint directory
-must take a new file (a read-only mount or permissions; created here if missing). A problem is
+must take a new file (a read-only mount or permissions; one not made yet: where it will be). A problem is
 one line naming the path (:class:`RunDirError`, status 2) on every rank; the checkpoint that
 would have failed at the end of a day's training fails in the first second instead.
 """
@@ -34,9 +34,13 @@ def _kind(mode: int) -> str:
 
 
 def _writable_dir(directory: str) -> str | None:
+    """Why ``directory`` (or, while it does not exist, its nearest existing ancestor, where it will
+    be made: nothing is created here) cannot take a new file, or None."""
+    where = os.path.abspath(directory)
+    while not os.path.lexists(where) and os.path.dirname(where) != where:
+        where = os.path.dirname(where)
     try:
-        os.makedirs(directory, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".hpctrain-probe-", dir=directory)
+        fd, probe = tempfile.mkstemp(prefix=".hpctrain-probe-", dir=where)
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
