@@ -25,13 +25,12 @@ from typing import TypeVar
 
 import numpy as np
 
+from hpctrain.data.indexfields import MAX_CLASSES, MAX_SAMPLE_BYTES   # the limits the index is read with
 from hpctrain.errors import UserError
 from hpctrain.registry import Registry
 
 # Filled by the reader modules as they are imported; data_tools/readers.py imports all of them.
 SOURCES: Registry[Callable[..., Source]] = Registry("data source", "source")
-MAX_CLASSES = 100_000            # one output unit and one name per class: a larger label is a corrupt file
-MAX_SAMPLE_BYTES = 256 << 20     # one decoded sample; each rank holds a chunk of at least one in memory
 _SCAN_BYTES = 32 << 20           # samples checked for NaN/inf per step (bounds the temporary mask)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import os
 import sys
 import time
@@ -23,12 +24,14 @@ from hpctrain.config import Config
 from hpctrain.data import (ShardLoader, ShardSet, eval_batches, eval_prep, open_split_from_config, read_index,
                            train_loader_from_config)
 from hpctrain.data.builtin import resolve_dataset
+from hpctrain.data.plan import block_range
 from hpctrain.errors import ConfigError, UserError
 from hpctrain.batches import device_batches, timed_batches
 from hpctrain.models import BUILTIN, ModelError, build_model, check_model_output
 from hpctrain.ops.agree import agree, check_consistency, software_versions
-from hpctrain.ops.checkpoint import Checkpointer
+from hpctrain.ops.checkpoint import Checkpointer, resume_spec
 from hpctrain.ops.datawait import InputWatch
+from hpctrain.ops.finite import NO_SAMPLE, check_result, first_nonfinite
 from hpctrain.testhooks import device_batches_forced, maybe_inject
 from hpctrain.ops.metrics import MetricsLog, StepTimer, clock_for, gpu_time
 from hpctrain.ops.rundir import RunDirectory
@@ -172,9 +175,11 @@ def _model_and_optimizer(cfg: Config, index, loader, device: torch.device):
 
 
 def evaluate(job: Job, batch_size: int = 256) -> dict:
-    """Exact accuracy and mean loss over the whole test split (each rank scores its share)."""
+    """Exact accuracy and mean loss over the whole test split (each rank scores its share); with
+    ``test_nonfinite_sample``, the first sample whose loss is not finite, if any (:mod:`~hpctrain.ops.finite`)."""
     topo = job.topo
     correct = loss_sum = count = 0.0
+    first_bad, pos = NO_SAMPLE, block_range(job.test_set.num_samples, topo.size, topo.rank)[0]
     # every rank scores the same model: the update in flight done, rank 0's BN statistics
     workers = job.loader.jpeg.workers if job.loader.jpeg else 1          # JPEG: the training loader's decode pool size
     batches = eval_batches(job.test_set, rank=topo.rank, size=topo.size, batch_size=batch_size, raw=job.raw,
@@ -183,11 +188,18 @@ def evaluate(job: Job, batch_size: int = 256) -> dict:
     with job.trainer.evaluation() as model, torch.no_grad():
         for x, y in device_batches(batches, job.device, prep):
             out = model(x)
-            loss_sum += float(torch.nn.functional.cross_entropy(out, y, reduction="sum"))
+            losses = torch.nn.functional.cross_entropy(out, y, reduction="none")
+            batch_loss = float(losses.sum())
+            if not math.isfinite(batch_loss) and first_bad == NO_SAMPLE:
+                first_bad = first_nonfinite(losses, pos)
+            loss_sum += batch_loss
             correct += float((out.argmax(1) == y).sum())
             count += len(y)
+            pos += len(y)
     correct, loss_sum, count = comm_lib.allreduce_sum([correct, loss_sum, count], topo.comm)
-    return {"test_accuracy": correct / count, "test_loss": loss_sum / count, "test_samples": int(count)}
+    result = {"test_accuracy": correct / count, "test_loss": loss_sum / count, "test_samples": int(count)}
+    first_bad = topo.comm.allreduce(first_bad, op=MPI.MIN)
+    return result if first_bad == NO_SAMPLE else {**result, "test_nonfinite_sample": first_bad}
 
 
 def polish(job: Job) -> dict:
@@ -252,11 +264,11 @@ def run(cfg: Config, comm: MPI.Comm) -> dict:
         stop = StopSignal(comm)
         stack.push(on_agreed_exit(stop.close))
         job = setup(cfg, comm, stack, watchdog)
-        run_id = rundir.identity(job.topo.comm, fresh=not cfg.ckpt.resume)
+        run_id = rundir.identity(job.topo.comm, fresh=not resume_spec(cfg.ckpt.resume))
         ckpt = Checkpointer.from_config(cfg, job.topo.comm, job.loader, job.timer, run_id=run_id)
         resumed = ckpt.resume(job.trainer, cfg.ckpt.resume)      # None, or where to continue
         log = stack.enter_context(contextlib.closing(
-            MetricsLog(cfg.run.run_dir, enabled=job.topo.rank == 0, append=resumed is not None)))
+            MetricsLog(cfg.run.run_dir, enabled=job.topo.rank == 0, append=bool(resume_spec(cfg.ckpt.resume)))))
         if watchdog is not None:                                  # the run's last record says why it ended
             watchdog.on_abort = rundir.on_stall(log, lambda: job.trainer.step_count)
         if job.topo.rank == 0:
@@ -338,6 +350,7 @@ def train(job: Job, ckpt: Checkpointer, stop: StopSignal, resumed, log: MetricsL
             with busy(watchdog, "evaluation"):
                 rec.update(evaluate(job))   # OD-SGD: scores the global weights W (trainer.finish)
         log.log("epoch", **rec)
+        _stop_if_nonfinite(job, ckpt, rec, f"after epoch {epoch}")
         if trainer.step_count >= total_steps or stop.agreed:
             break
     with busy(watchdog, "checkpoint"):
@@ -349,12 +362,25 @@ def train(job: Job, ckpt: Checkpointer, stop: StopSignal, resumed, log: MetricsL
     return progress
 
 
+def _stop_if_nonfinite(job: Job, ckpt: Checkpointer, rec: dict, where: str) -> None:
+    """A non-finite loss in ``rec`` ends the run (:mod:`~hpctrain.ops.finite`), after a checkpoint."""
+    keys = ("train_loss", "test_loss", "test_accuracy")
+    if all(math.isfinite(float(rec[k])) for k in keys if k in rec):
+        return
+    job.trainer.finish()
+    ckpt.save(job.trainer)
+    check_result(rec, "train" if not math.isfinite(float(rec.get("train_loss", 0.0))) else "test", keys, where,
+                 rec.get("test_nonfinite_sample", NO_SAMPLE))
+
+
 def summarise(job: Job, log: MetricsLog, progress: Progress, t0: float) -> dict:
     """Final evaluation (and Final Polishing), then the summary line of metrics.jsonl. Collective."""
     cfg, topo, loader = job.cfg, job.topo, job.loader
     result = evaluate(job)
     if cfg.polish.bn_recompute:
         result = {**polish(job), "test_accuracy_before_polish": result["test_accuracy"]}
+    check_result(result, "test", ("test_loss", "test_accuracy"), "in the final evaluation",
+                 result.get("test_nonfinite_sample", NO_SAMPLE))
     steps, train_s, wall_s = job.trainer.step_count, progress.train_s, time.perf_counter() - t0
     epochs_here = (steps - progress.start_step) / loader.steps    # this run's share, when resumed
     return log.log("summary", **result, samples_per_s=progress.samples / train_s, wall_s=wall_s,

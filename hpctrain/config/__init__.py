@@ -316,6 +316,17 @@ def dir_problem(path: str) -> str | None:
     return f"{path}: {probe} is not a directory"
 
 
+THREADS_PER_CORE = 4     # train.threads: at most this many per core of the node (more only thrash)
+
+
+def threads_problem(threads: int) -> str | None:
+    """Why ``train.threads`` is more than a rank can use (a few per core of this node), or None."""
+    cores = os.cpu_count() or 1
+    if threads > THREADS_PER_CORE * cores:
+        return f"{threads} threads per rank is more than {THREADS_PER_CORE} per core of this node ({cores} cores)"
+    return None
+
+
 def _dataset_problem(dataset: str) -> str | None:
     """Why ``package.module:name`` selects no data source (:data:`data_tools.sources.SOURCES`), or None."""
     if not is_plugin_spec(dataset):
@@ -338,6 +349,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     checks = [   # each computed once, in this order; the first problem stops
         ("train.batch_size", lambda: None if cfg.train.batch_size % world_size == 0 else
          f"global batch {cfg.train.batch_size} is not divisible by {world_size} ranks"),
+        ("train.threads", lambda: threads_problem(cfg.train.threads)),
         ("run.run_dir", lambda: dir_problem(cfg.run.run_dir)),
         ("data.dataset", lambda: _dataset_problem(cfg.data.dataset)),
         ("ckpt.dir", lambda: cfg.ckpt.dir and dir_problem(cfg.ckpt.dir)),

@@ -15,6 +15,7 @@ from hpctrain.data.augment import KINDS, Augment
 from hpctrain.data.decodepool import resolve_workers
 from hpctrain.data.hdf5 import DRIVERS
 from hpctrain.data.loader import ShardLoader
+from hpctrain.data.memory import check_loader_memory
 from hpctrain.data.index import ShardError, ShardIndex
 from hpctrain.data.shards import ShardSet
 from hpctrain.errors import ConfigError
@@ -76,6 +77,8 @@ def train_loader(index: ShardIndex, topo, *, batch_size: int, seed: int = 0, blo
     _check("augment_kind", augment_kind, KINDS)
     _check("decode", decode, DECODES)
     n_workers = resolve_workers(workers, topo.local_size)
+    check_loader_memory(index, batch_size=batch_size, shuffle_window=shuffle_window, prefetch=prefetch,
+                        local_size=getattr(topo, "local_size", 1))   # before anything is opened or allocated
     if reader == "node":
         shards, node_comm = _node_reader_shards(index, split, topo, hdf5_driver, verify), topo.intra
     else:

@@ -56,6 +56,7 @@ from typing import Any
 
 import xxhash
 
+from hpctrain.data.indexfields import field_problems
 from hpctrain.errors import LocalUserError
 from hpctrain.fileio import atomic_write_text
 
@@ -238,6 +239,9 @@ def read_index(directory: str) -> ShardIndex:
             raise ShardError(f"{path}: missing field {key!r}")
     if not isinstance(meta["splits"], dict):
         raise ShardError(f"{path}: field 'splits' is {type(meta['splits']).__name__}, expected an object")
+    problem = field_problems(meta)               # dtype, shape, classes, normalisation: convert's limits
+    if problem:
+        raise ShardError(f"{path}: field {problem[0]!r} {problem[1]}")
     for name, sp in meta["splits"].items():
         _check_split(path, name, sp)
     return ShardIndex(directory=directory, sample_shape=tuple(meta["sample_shape"]), dtype=meta["dtype"],

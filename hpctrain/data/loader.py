@@ -164,9 +164,10 @@ class ShardLoader:
         return (f"{mode}; {self.shards.describe()}; augment {self.transform or 'off'}; prefetch {self.prefetch}"
                 f"{jpeg}{raw}")
 
-    def runs(self, epoch: int, rank: int | None = None) -> list[tuple[int, int]]:
+    def runs(self, epoch: int, rank: int | None = None) -> Iterator[tuple[int, int]]:
+        """``rank``'s runs this epoch, computed lazily (:func:`plan.iter_rank_runs`)."""
         total = None if self.drop_last else self.steps * self.global_batch
-        return plan.rank_runs(self.shards.num_samples, self.size, self.rank if rank is None else rank,
+        return plan.iter_rank_runs(self.shards.num_samples, self.size, self.rank if rank is None else rank,
                               epoch=epoch, seed=self.seed, block_size=self.block_size, total=total)
 
     def _buffers(self, rank: int, capacity: int):

@@ -1,7 +1,8 @@
 """Checkpoints: atomic, checksummed, resumable on the same or another number of ranks.
 
-File ``DIR/ckpt-000001234.pt`` (step 1234) = a magic line, a one-line JSON header (format
-version, SHA-256 and length of the payload, step, epoch, world size) and the payload, a
+File ``DIR/ckpt-000001234.pt`` (step 1234; ``-leg<L>`` added from a run's second leg on) = a
+magic line, a one-line JSON header (format version, SHA-256 and length of the payload, step,
+epoch, world size, run id, leg, samples seen: :mod:`~hpctrain.ops.ckptfile`) and the payload, a
 ``torch.save`` of: the trainer's state (model, optimiser, algorithm state such as the loss
 scaler, step), the data position (epoch, step in epoch, samples seen, global batch), every
 rank's RNG state (torch, NumPy, Python; gathered to rank 0), the config and the model's
@@ -10,19 +11,16 @@ and numbers; rank 0 alone writes, since parameters are identical on every rank a
 
 Atomicity (the POSIX rename idiom, :mod:`hpctrain.fileio`): write ``.ckpt-….pt.tmp-PID``, fsync,
 rename over the final name, fsync the directory — a job killed mid-write leaves only a stray
-temporary file; the previous checkpoints are untouched and still verify. The newest ``keep`` are kept.
-``resume="auto"`` takes the newest checkpoint whose checksum verifies, falling back past a
-corrupt one with a warning. Rank 0 reads and verifies; the bytes are broadcast, so thousands of
-ranks do not all open the file.
+temporary file; the previous checkpoints are untouched and still verify. The ``keep`` holding
+the newest work are kept (:mod:`~hpctrain.ops.ckptdir`: ordered by leg and samples seen, not by
+step). ``resume="auto"`` takes the newest work whose checksum verifies, setting a corrupt one
+aside as ``*.corrupt`` with a warning, and refuses (status 2) when none of the run's verifies.
+Rank 0 reads and verifies; the bytes are broadcast, so thousands of ranks do not all open the file.
 """
 from __future__ import annotations
 
-import hashlib
-import io
-import json
 import os
 import random
-import re
 import sys
 from dataclasses import dataclass
 
@@ -30,150 +28,19 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from hpctrain.errors import UserError
-from hpctrain.fileio import atomic_open
 from hpctrain.ops.agree import first_difference, model_signature
-from hpctrain.testhooks import maybe_kill
+from hpctrain.ops.ckptdir import (checkpoint_name, corrupt_files, list_checkpoints, newest_work, newest_valid,
+                                  of_run, prune)
+from hpctrain.ops.ckptfile import (FORMAT_VERSION, MAGIC, CheckpointError, decode, encode, read_file, read_header,
+                                   write_file)
 from hpctrain.ops.metrics import NULL_TIMER, Timer
 
-FORMAT_VERSION = 1
-MAGIC = b"HPCTRAIN-CHECKPOINT\n"
-NAME_RE = re.compile(r"^ckpt-(\d+)\.pt$")
+__all__ = ["BCAST_CHUNK_BYTES", "CheckpointError", "Checkpointer", "FORMAT_VERSION", "MAGIC", "Position",
+           "checkpoint_name", "corrupt_files", "decode", "encode", "list_checkpoints", "newest_work", "newest_valid",
+           "of_run", "prune", "read_file", "read_header", "replan", "resume_spec", "rng_state", "set_rng_state",
+           "write_file"]
+
 BCAST_CHUNK_BYTES = 1 << 28        # stay far below MPI's 2**31 element count limit
-
-
-class CheckpointError(UserError):
-    """A checkpoint cannot be written, read, verified or applied (one line naming the file)."""
-
-
-def checkpoint_name(step: int) -> str:
-    return f"ckpt-{step:09d}.pt"
-
-
-# --- the file ------------------------------------------------------------------------------------
-
-def encode(state: dict) -> bytes:
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    return buf.getvalue()
-
-
-def decode(payload: bytes) -> dict:
-    """Unpickle with ``weights_only``: tensors, containers and numbers only, no code runs.
-
-    Tensors load onto the CPU whatever device wrote them (``map_location="cpu"``: no rank
-    touches a GPU that is not its own); ``load_state_dict`` then copies them onto the device the
-    run trains on - the model's into its tensors, the optimiser's state cast to each parameter's
-    device by ``torch.optim.Optimizer.load_state_dict``. So a checkpoint written on GPUs
-    resumes on CPUs and the other way round."""
-    return torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
-
-
-def write_file(path: str, payload: bytes, meta: dict) -> dict:
-    """Write ``payload`` atomically to ``path`` with a header; returns the header."""
-    header = {"format": FORMAT_VERSION, "sha256": hashlib.sha256(payload).hexdigest(),
-              "n_bytes": len(payload), **meta}
-    half = len(payload) // 2
-    with atomic_open(path, "wb") as fh:
-        fh.write(MAGIC + json.dumps(header).encode() + b"\n")
-        fh.write(payload[:half])
-        fh.flush()
-        maybe_kill("checkpoint")                   # test hook: die half-way through the write
-        fh.write(payload[half:])
-    return header
-
-
-def read_file(path: str, verify: bool = True) -> tuple[dict, bytes]:
-    """Header and payload; raises :class:`CheckpointError` if truncated or the checksum fails."""
-    try:
-        with open(path, "rb") as fh:
-            if fh.read(len(MAGIC)) != MAGIC:
-                raise CheckpointError(f"checkpoint {path}: not an hpctrain checkpoint")
-            try:
-                header = json.loads(fh.readline())
-            except ValueError:
-                raise CheckpointError(f"checkpoint {path}: unreadable header") from None
-            payload = fh.read()
-    except OSError as exc:
-        raise CheckpointError(f"checkpoint {path}: {exc.strerror or exc}") from None
-    if header.get("format", 0) > FORMAT_VERSION:
-        raise CheckpointError(f"checkpoint {path}: format {header.get('format')} is newer than this "
-                              f"hpctrain reads ({FORMAT_VERSION}); upgrade hpctrain")
-    if verify:
-        n = header.get("n_bytes")
-        if len(payload) != n:
-            what = "truncated" if len(payload) < n else "size mismatch"
-            raise CheckpointError(f"checkpoint {path}: {what} ({len(payload)} bytes, header says {n})")
-        if hashlib.sha256(payload).hexdigest() != header.get("sha256"):
-            raise CheckpointError(f"checkpoint {path}: SHA-256 mismatch (corrupt)")
-    return header, payload
-
-
-def read_header(path: str) -> dict | None:
-    """A checkpoint's header alone (no payload read), or None if it cannot be read."""
-    try:
-        with open(path, "rb") as fh:
-            if fh.read(len(MAGIC)) != MAGIC:
-                return None
-            return json.loads(fh.readline())
-    except (OSError, ValueError):
-        return None
-
-
-def of_run(path: str, run_id: str | None) -> bool:
-    """Whether the checkpoint at ``path`` belongs to run ``run_id`` (None: any run). A checkpoint
-    whose header cannot be read, or written before checkpoints carried a run id, counts as this
-    run's (reading it then verifies it, or warns)."""
-    if run_id is None:
-        return True
-    header = read_header(path)
-    return header is None or header.get("run_id") in (None, run_id)
-
-
-def list_checkpoints(directory: str) -> list[tuple[int, str]]:
-    """``(step, path)`` of every checkpoint in ``directory``, oldest first."""
-    if not os.path.isdir(directory):
-        return []
-    found = [(int(m.group(1)), os.path.join(directory, name))
-             for name in os.listdir(directory) if (m := NAME_RE.match(name))]
-    return sorted(found)
-
-
-def newest_valid(directory: str, warn=None, run_id: str | None = None) -> tuple[str, dict, bytes] | None:
-    """The newest checkpoint of run ``run_id`` (None: any) that verifies (``warn(msg)`` for each
-    one skipped), or None. Raises :class:`CheckpointError` if there is none of this run's but there
-    are another run's: continuing from those would be another run's weights."""
-    foreign = None
-    for _, path in reversed(list_checkpoints(directory)):
-        if not of_run(path, run_id):
-            foreign = foreign or path
-            continue
-        try:
-            header, payload = read_file(path)
-            return path, header, payload
-        except CheckpointError as exc:
-            if warn:
-                warn(f"{exc}; falling back to the previous checkpoint")
-    if foreign:
-        other = (read_header(foreign) or {}).get("run_id")    # None: gone or unreadable since of_run
-        who = f"run {other}" if other else "another run"
-        raise CheckpointError(f"checkpoint {foreign} belongs to {who}, not to "
-                              f"this run ({run_id}) and this run has none: resume it by path "
-                              f"(--resume {foreign}) or start afresh (--resume none)")
-    return None
-
-
-def prune(directory: str, keep: int, run_id: str | None = None) -> list[str]:
-    """Delete all but the newest ``keep`` checkpoints of run ``run_id`` (None: any run; another
-    run's are never deleted) and stray temporary files; returns deleted paths."""
-    doomed = [p for _, p in list_checkpoints(directory) if of_run(p, run_id)][:-keep]
-    doomed += [os.path.join(directory, n) for n in os.listdir(directory) if n.startswith(".ckpt-") and ".tmp-" in n]
-    for p in doomed:
-        try:
-            os.unlink(p)
-        except FileNotFoundError:
-            pass
-    return doomed
 
 
 # --- what is saved besides the trainer -------------------------------------------------------
@@ -202,6 +69,11 @@ class Position:
     epoch: int
     step_in_epoch: int
     replanned: bool = False
+
+
+def resume_spec(value: str) -> str:
+    """``ckpt.resume`` as the checkpointer takes it: ``none`` (or empty) is a fresh start, ''."""
+    return "" if value.strip().lower() in ("", "none") else value
 
 
 def replan(epoch: int, step_in_epoch: int, old_global_batch: int, steps_per_epoch: int,
@@ -236,6 +108,8 @@ class Checkpointer:
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.last_step: int | None = None            # step of the last checkpoint written or loaded
         self.last_path: str | None = None
+        # the work so far: this leg of the run (ckptdir), and the samples seen when it began at base_step
+        self.leg, self.base_step, self.base_samples = 0, 0, 0
 
     @classmethod
     def from_config(cls, cfg, comm: MPI.Comm, loader, timer: Timer = NULL_TIMER,
@@ -265,14 +139,15 @@ class Checkpointer:
         with self.timer.span("checkpoint"):
             trainer.finish()
             rngs = self.comm.gather(rng_state(), root=0)
-            path, error = os.path.join(self.directory, checkpoint_name(step)), None
+            path, error = os.path.join(self.directory, checkpoint_name(step, self.leg)), None
             if self.rank == 0:
                 epoch, sie = divmod(step, self.steps_per_epoch)
-                meta = {"step": step, "epoch": epoch, "step_in_epoch": sie, "world_size": self.size}
+                meta = {"step": step, "epoch": epoch, "step_in_epoch": sie, "world_size": self.size,
+                        "leg": self.leg, "global_batch": self.global_batch,
+                        "samples_seen": self.base_samples + (step - self.base_step) * self.global_batch}
                 if self.run_id:
                     meta["run_id"] = self.run_id
-                state = {**meta, "format": FORMAT_VERSION, "samples_seen": step * self.global_batch,
-                         "global_batch": self.global_batch, "steps_per_epoch": self.steps_per_epoch,
+                state = {**meta, "format": FORMAT_VERSION, "steps_per_epoch": self.steps_per_epoch,
                          "trainer": trainer.state_dict(), "rng": rngs, "config": self.config,
                          "model_signature": model_signature(trainer.model)}
                 try:
@@ -286,11 +161,13 @@ class Checkpointer:
         self.last_step, self.last_path = step, path
         return path
 
-    def _fetch(self, spec: str) -> tuple[str | None, bytes | None]:
-        """Rank 0 finds and verifies; everyone gets (path, payload) or (None, None)."""
+    def _fetch(self, spec: str) -> tuple[str | None, bytes | None, tuple[int, str] | None]:
+        """Rank 0 finds and verifies; everyone gets (path, payload) or (None, None), and the leg and
+        path of this run's newest work in the directory (:func:`~hpctrain.ops.ckptdir.newest_work`)."""
         path: str | None = None
         payload: bytes | None = None
         error: str | None = None
+        newest: tuple[int, str] | None = None
         if self.rank == 0:
             try:
                 if spec == "auto":
@@ -305,11 +182,13 @@ class Checkpointer:
                     _, payload = read_file(spec)
             except CheckpointError as exc:
                 error = str(exc)
-        path, n, error = self.comm.bcast((path, None if payload is None else len(payload), error), root=0)
+            newest = newest_work(self.directory, self.run_id)     # after any corrupt one was set aside
+        path, n, error, newest = self.comm.bcast((path, None if payload is None else len(payload), error, newest),
+                                                 root=0)
         if error:
             raise CheckpointError(error)
         if n is None:
-            return None, None
+            return None, None, newest
         if self.rank == 0:
             assert payload is not None      # n is its length
             buf = np.frombuffer(payload, np.uint8).copy()
@@ -317,13 +196,14 @@ class Checkpointer:
             buf = np.empty(n, np.uint8)
         for lo in range(0, n, BCAST_CHUNK_BYTES):
             self.comm.Bcast(buf[lo:lo + BCAST_CHUNK_BYTES], root=0)
-        return path, buf.tobytes()
+        return path, buf.tobytes(), newest
 
     def resume(self, trainer, spec: str) -> Position | None:
         """Load ``spec`` ('auto', a path, or '' for none) into ``trainer``; the position to continue at."""
+        spec = resume_spec(spec)
         if not spec:
             return None
-        path, payload = self._fetch(spec)
+        path, payload, newest = self._fetch(spec)
         if payload is None:
             return None
         state = decode(payload)
@@ -338,15 +218,36 @@ class Checkpointer:
         pos = replan(state["epoch"], state["step_in_epoch"], state["global_batch"], self.steps_per_epoch,
                      self.global_batch)
         trainer.step_count = pos.step
+        self._continue_work(path, state, pos, newest)
         if state["world_size"] == self.size:
             set_rng_state(state["rng"][self.rank])
-        else:
-            self._say(f"warning: checkpoint {path} is from {state['world_size']} ranks, this run has "
-                      f"{self.size}: the rest of epoch {pos.epoch} follows this run's data plan "
-                      f"(step {pos.step_in_epoch} of {self.steps_per_epoch}); per-rank RNG streams restart")
-            if self.rank < len(state["rng"]):
-                set_rng_state(state["rng"][self.rank])
+        elif self.rank < len(state["rng"]):
+            set_rng_state(state["rng"][self.rank])
         self._say(f"resumed from {path}: step {pos.step}, epoch {pos.epoch}, "
                   f"step {pos.step_in_epoch} of {self.steps_per_epoch} in the epoch")
         self.last_step, self.last_path = pos.step, path
         return pos
+
+    def _continue_work(self, path: str | None, state: dict, pos: Position, newest: tuple[int, str] | None) -> None:
+        """This run's leg and samples seen from the checkpoint resumed (:mod:`~hpctrain.ops.ckptdir`):
+        the same leg when nothing changed and it holds the run's newest work here; else a new leg
+        after the newest (a resume from older work branches: it must not write over, nor rank
+        below, what came after it). Said in one line on rank 0 when the batch or rank count changed."""
+        leg = state.get("leg", 0)
+        old_batch, old_size = state["global_batch"], state["world_size"]
+        changed = old_batch != self.global_batch or old_size != self.size
+        is_newest = newest is None or (path is not None and os.path.abspath(path) == newest[1])
+        top = leg if newest is None else newest[0]
+        self.leg = leg if not changed and is_newest else top + 1
+        self.base_step = pos.step
+        self.base_samples = state.get("samples_seen", state["step"] * old_batch)
+        if changed:
+            ranks = (f"; checkpoint {path} is from {old_size} ranks, this run has {self.size}: per-rank RNG "
+                     f"streams restart" if old_size != self.size else "")
+            self._say(f"warning: resume changes the global batch {old_batch} -> {self.global_batch} "
+                      f"({old_size} -> {self.size} ranks): leg {self.leg} of this run, its checkpoints "
+                      f"named -leg{self.leg} rank after leg {top}'s; the rest of epoch {pos.epoch} follows this "
+                      f"run's data plan (step {pos.step_in_epoch} of {self.steps_per_epoch}){ranks}")
+        elif self.leg != leg:
+            self._say(f"note: {path} is not this run's newest work ({newest[1] if newest else '?'}): continuing "
+                      f"as leg {self.leg}, ranked after it")

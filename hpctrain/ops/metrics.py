@@ -20,7 +20,7 @@ class MetricsLog:
         self._fh = None
         if enabled:
             os.makedirs(run_dir, exist_ok=True)
-            self._fh = open(self.path, "a" if append else "w")   # a resumed run continues the log
+            self._fh = open(self.path, "a" if append else "w")   # any resume continues the log, never clears it
 
     def log(self, event: str, **fields) -> dict:
         rec = {"event": event, "time": time.time(), **fields}

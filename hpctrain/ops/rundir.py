@@ -9,11 +9,13 @@ and records ``running`` in ``state.json``; any exception but a stop leaving the 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
 
 from mpi4py import MPI
 
 from hpctrain.ops import runstate
+from hpctrain.ops.rundircheck import RunDirError, run_dir_problem
 from hpctrain.ops.runlock import hold_run_dirs, run_identity
 
 
@@ -28,6 +30,11 @@ class RunDirectory:
     def __enter__(self) -> RunDirectory:
         with contextlib.ExitStack() as stack:
             stack.enter_context(hold_run_dirs(self.comm, [self.run_dir] + ([self.ckpt_dir] if self.ckpt_dir else [])))
+            problem = run_dir_problem(self.run_dir, self.ckpt_dir or os.path.join(self.run_dir, "checkpoints")) \
+                if self.rank0 else None
+            problem = self.comm.bcast(problem, root=0)     # before anything is written, on every rank
+            if problem:
+                raise RunDirError(problem)
             if self.rank0:                          # how it ends: `hpctrain status RUN_DIR`
                 runstate.record(self.run_dir, "running")
             stack.push(runstate.record_exit(self.run_dir, self.rank0))

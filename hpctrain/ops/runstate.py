@@ -24,6 +24,9 @@ from hpctrain.ops.runlock import RunLock
 STATE_NAME = "state.json"
 # state → the job's documented exit status (running: 1, not an end)
 STATUS = {"done": 0, "failed": 2, "stopped": 3, "stalled": 4}
+# the job ended without recording how (killed outright, aborted, died before taking the run
+# directory): not a user error (2), not done; the batch scripts return it too
+UNRECORDED = 5
 
 
 def now() -> str:
@@ -55,10 +58,11 @@ def describe(run_dir: str, since: float | None = None) -> tuple[str, int]:
     if st is not None and since is not None and st.get("unix_time", 0) < since:
         when = datetime.datetime.fromtimestamp(since, datetime.UTC)
         return (f"failed: no job recorded a state in {run_dir} since {when:%Y-%m-%d %H:%M:%S UTC} "
-                f"(the job ended before taking the run directory; see its output)"), 2
+                f"(the job ended before taking the run directory; see its output)"), UNRECORDED
     if st is None:
         if os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
-            return f"failed: {run_dir} has no {STATE_NAME} (written by an hpctrain older than this one)", 2
+            return (f"failed: {run_dir} has no {STATE_NAME} (written by an hpctrain older than this one, or "
+                    f"ended without a record)"), UNRECORDED
         return f"failed: no hpctrain run in {run_dir}", 2
     state, when = st.get("state"), st.get("time", "?")
     if state == "done":
@@ -69,13 +73,14 @@ def describe(run_dir: str, since: float | None = None) -> tuple[str, int]:
     if state in ("failed", "stalled"):
         return f"{state}: {st.get('message')} ({when})", STATUS[state]
     return (f"failed: the job started {when} (pid {st.get('pid')}) ended without recording how: killed, "
-            f"or aborted by a rank's failure (see its output)"), 2
+            f"or aborted by a rank's failure (see its output)"), UNRECORDED
 
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m hpctrain status",
                                  description="Print how the run in RUN_DIR ended; exit 0 done, 3 stopped (checkpoint "
-                                             "written), 2 failed, 4 stalled (ended by the watchdog), 1 still running.")
+                                             "written), 2 failed, 4 stalled (ended by the watchdog), 5 ended without a "
+                                             "record (killed, aborted), 1 still running.")
     ap.add_argument("run_dir", metavar="RUN_DIR")
     ap.add_argument("--since", type=float, metavar="UNIX_TIME",
                     help="the job started then: an older record is an earlier job's (the batch scripts pass it)")

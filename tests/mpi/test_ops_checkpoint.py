@@ -126,8 +126,9 @@ def test_resume_auto_skips_corrupt_newest_and_explicit_bad_path_fails(world, tmp
     b = closer(make_trainer(topo, seed=3))
     pos = ck.Checkpointer(world, d, steps_per_epoch=10, global_batch=8, config={}).resume(b, "auto")
     assert pos.step == 1 and b.step_count == 1
+    assert not os.path.exists(bad) and os.path.exists(bad + ".corrupt")     # set aside, never deleted
     with pytest.raises(UserError, match="SHA-256 mismatch"):
-        ck.Checkpointer(world, d, steps_per_epoch=10, global_batch=8, config={}).resume(b, bad)
+        ck.Checkpointer(world, d, steps_per_epoch=10, global_batch=8, config={}).resume(b, bad + ".corrupt")
     assert ck.Checkpointer(world, d + "/none", steps_per_epoch=10, global_batch=8, config={}).resume(b, "auto") is None
     assert good.endswith(ck.checkpoint_name(1))
 
@@ -157,3 +158,30 @@ def test_merged_timeline_has_every_rank(world, tmp_path):
     else:
         assert path is None
     MPI.COMM_WORLD.Barrier()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_resume_from_older_work_branches_into_a_new_leg(world, tmp_path, closer):
+    """Resuming (by path) from a checkpoint older than the run's newest work must neither write
+    over the later checkpoints of the same step nor rank below them: it starts a new leg."""
+    d = shared_dir(world, tmp_path)
+    topo = closer(Topology.create(world))
+    a = closer(make_trainer(topo))
+    saver = ck.Checkpointer(world, d, steps_per_epoch=10, global_batch=8, config={}, keep=10, run_id="r")
+    paths = []
+    for s in range(3):
+        a.step(*batch(world.Get_rank(), s))
+        paths.append(saver.save(a))
+    before = world.bcast(open(paths[1], "rb").read() if world.Get_rank() == 0 else None, root=0)
+    b = closer(make_trainer(topo, seed=3))
+    again = ck.Checkpointer(world, d, steps_per_epoch=10, global_batch=8, config={}, keep=10, run_id="r")
+    assert again.resume(b, paths[0]).step == 1 and again.leg == 1
+    b.step(*batch(world.Get_rank(), 1))
+    branch = again.save(b)
+    assert os.path.basename(branch) == "ckpt-000000002-leg1.pt"
+    world.Barrier()
+    assert open(paths[1], "rb").read() == before                    # leg 0's step 2 untouched
+    assert ck.newest_valid(d, run_id="r")[0] == branch               # the branch is the newest work
+    header = ck.read_header(branch)
+    assert header["leg"] == 1 and header["samples_seen"] == 2 * 8
+    world.Barrier()

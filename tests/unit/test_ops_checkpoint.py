@@ -118,3 +118,93 @@ def test_replan(epoch, sie, old_gb, spe, gb, expect):
     assert (pos.step, pos.epoch, pos.step_in_epoch) == expect
     assert pos.replanned == (old_gb != gb)
     assert pos.step_in_epoch * gb <= sie * old_gb          # never skips unseen samples of the epoch
+
+
+# --- legs and corrupt checkpoints (issue 37) -----------------------------------------------------
+
+def _write_leg(directory, step, leg, samples, run_id="r1"):
+    path = os.path.join(directory, ck.checkpoint_name(step, leg))
+    ck.write_file(path, os.urandom(64), {"step": step, "leg": leg, "samples_seen": samples, "run_id": run_id})
+    return path
+
+
+def test_newest_work_is_the_newest_leg_not_the_highest_step(tmp_path):
+    """The issue's recipe: leg 0 reached step 44 at batch 64; leg 1 (batch 128) restarts at step
+    22 and goes on to 25: leg 1's checkpoints hold the newest work, for resume and for pruning."""
+    d = str(tmp_path)
+    for s in (30, 40, 44):
+        _write_leg(d, s, 0, 64 * s)
+    leg1 = [_write_leg(d, s, 1, 64 * 44 + 128 * (s - 22)) for s in (23, 24, 25)]
+    assert os.path.basename(leg1[0]) == "ckpt-000000023-leg1.pt"
+    assert ck.newest_valid(d, run_id="r1")[0] == leg1[-1]
+    assert ck.newest_work(d, "r1") == (1, os.path.abspath(leg1[-1]))
+    ck.prune(d, keep=3, run_id="r1")
+    assert [p for _, p in ck.list_checkpoints(d)] == leg1          # leg 0's pruned, never leg 1's
+
+
+def _flip_last_byte(path):
+    with open(path, "r+b") as fh:
+        fh.seek(-1, os.SEEK_END)
+        last = fh.read(1)
+        fh.seek(-1, os.SEEK_END)
+        fh.write(bytes([last[0] ^ 1]))
+
+
+def test_a_corrupt_checkpoint_is_set_aside_and_never_pruned(tmp_path):
+    d = str(tmp_path)
+    good = _write_leg(d, 10, 0, 640)
+    bad = _write_leg(d, 20, 0, 1280)
+    _flip_last_byte(bad)
+    raw = open(bad, "rb").read()
+    warnings = []
+    assert ck.newest_valid(d, warn=warnings.append, run_id="r1")[0] == good
+    assert not os.path.exists(bad) and open(bad + ".corrupt", "rb").read() == raw     # kept, bytes untouched
+    assert len(warnings) == 1 and "SHA-256 mismatch" in warnings[0] and f"kept as {bad}.corrupt" in warnings[0]
+    for s in (30, 40, 50):
+        _write_leg(d, s, 0, 64 * s)
+    ck.prune(d, keep=1, run_id="r1")
+    assert os.path.exists(bad + ".corrupt") and [s for s, _ in ck.list_checkpoints(d)] == [50]
+
+
+def test_auto_refuses_when_no_checkpoint_of_the_run_verifies(tmp_path):
+    d = str(tmp_path)
+    paths = [_write_leg(d, s, 0, 64 * s) for s in (5, 10)]
+    for p in paths:
+        _flip_last_byte(p)
+    msg = (r"no checkpoint of this run in .* verifies "
+           r"\(set aside: ckpt-000000005.pt.corrupt, ckpt-000000010.pt.corrupt\)")
+    with pytest.raises(ck.CheckpointError, match=msg):
+        ck.newest_valid(d, run_id="r1")
+    with pytest.raises(ck.CheckpointError, match=msg):         # and again: the refusal is not a one-off
+        ck.newest_valid(d, run_id="r1")
+    assert sorted(os.listdir(d)) == ["ckpt-000000005.pt.corrupt", "ckpt-000000010.pt.corrupt"]
+    assert ck.newest_valid(d, run_id="another") is None       # a fresh run (--resume none) is not refused
+    _write_leg(d, 10, 0, 640)                                  # same name again: the evidence is not overwritten
+    _flip_last_byte(os.path.join(d, ck.checkpoint_name(10)))
+    with pytest.raises(ck.CheckpointError):
+        ck.newest_valid(d, run_id="r1")
+    assert os.path.exists(os.path.join(d, "ckpt-000000010.pt.corrupt.1"))
+
+
+def test_an_unreadable_header_is_not_pruned(tmp_path):
+    d = str(tmp_path)
+    junk = os.path.join(d, ck.checkpoint_name(1))
+    open(junk, "wb").write(b"not a checkpoint")
+    for s in (2, 3):
+        _write_leg(d, s, 0, s)
+    ck.prune(d, keep=1, run_id="r1")
+    assert [s for s, _ in ck.list_checkpoints(d)] == [1, 3]
+
+
+def test_resume_spec_none_is_a_fresh_start():
+    assert ck.resume_spec("none") == ck.resume_spec("") == "" and ck.resume_spec("auto") == "auto"
+
+
+def test_a_corrupt_checkpoint_that_cannot_be_renamed_still_refuses(tmp_path, monkeypatch):
+    d = str(tmp_path)
+    bad = _write_leg(d, 5, 0, 320)
+    _flip_last_byte(bad)
+    monkeypatch.setattr(os, "rename", lambda *a: (_ for _ in ()).throw(PermissionError(13, "read-only")))
+    with pytest.raises(ck.CheckpointError, match=r"verifies \(set aside: ckpt-000000005.pt\)"):
+        ck.newest_valid(d, run_id="r1")
+    assert os.path.exists(bad)

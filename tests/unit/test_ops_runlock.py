@@ -11,6 +11,7 @@ import pytest
 from mpi4py import MPI
 
 from hpctrain.ops import checkpoint as ck
+from hpctrain.ops import ckptdir
 from hpctrain.ops.runlock import LOCK_NAME, RunDirBusy, RunLock, held_run_dir, hold_run_dirs, run_identity
 
 
@@ -106,13 +107,13 @@ def test_refusal_survives_the_other_runs_checkpoint_vanishing(tmp_path, monkeypa
     between (that run's prune) still gives the one-line CheckpointError (was an AttributeError)."""
     d = str(tmp_path)
     _write(d, 30, "aaaa")
-    real_of_run = ck.of_run
+    real_of_run = ckptdir.of_run
 
     def of_run_then_deleted(path, run_id):
         verdict = real_of_run(path, run_id)
         os.unlink(path)
         return verdict
-    monkeypatch.setattr(ck, "of_run", of_run_then_deleted)
+    monkeypatch.setattr(ckptdir, "of_run", of_run_then_deleted)
     with pytest.raises(ck.CheckpointError, match=rf"checkpoint {d}/{ck.checkpoint_name(30)} belongs to another "
                                                  r"run, not to this run \(cccc\)"):
         ck.newest_valid(d, run_id="cccc")

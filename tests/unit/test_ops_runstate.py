@@ -41,7 +41,7 @@ def test_running_while_locked_then_failed_when_killed_without_a_record(tmp_path)
     finally:
         lock.release()
     code, line = status(tmp_path)                  # lock free, state still "running": it was killed
-    assert code == 2 and "ended without recording how" in line, line
+    assert code == runstate.UNRECORDED == 5 and "ended without recording how" in line, line
 
 
 def test_no_run_and_usage(tmp_path):
@@ -56,7 +56,7 @@ def test_a_state_older_than_the_job_is_not_its_own(tmp_path):
     t = json.loads((tmp_path / "state.json").read_text())["unix_time"]
     assert runstate.main(["--since", str(t - 10), str(tmp_path)]) == 3
     line, code = runstate.describe(str(tmp_path), since=t + 10)
-    assert code == 2 and line.startswith(f"failed: no job recorded a state in {tmp_path} since "), line
+    assert code == 5 and line.startswith(f"failed: no job recorded a state in {tmp_path} since "), line
 
 
 def test_wait_outlasts_a_holder_that_is_still_exiting(tmp_path):

@@ -1,5 +1,5 @@
 """scripts/probe-faults starts without launching anything: ``--list`` names every case of issue 23's
-probe, and a bad ``--only`` is refused with one line (the cases themselves are run by hand, see
+probe (and issue 37's, j-p), and a bad ``--only`` is refused with one line (the cases themselves are run by hand, see
 docs/operations.md, "Probing the fault handling")."""
 import os
 import subprocess
@@ -19,7 +19,8 @@ def test_list_names_every_case():
     cases = [line.split()[:2] for line in r.stdout.splitlines()]
     assert cases == [["a", "same-run-dir"], ["b", "other-run-ckpt"], ["c", "sigstop"], ["d", "stop-signals"],
                      ["e", "kill9-resume"], ["f", "corrupt-ckpt"], ["g", "world-size"], ["h", "config-fuzz"],
-                     ["i", "corrupt-shard"]]
+                     ["i", "corrupt-shard"], ["j", "legs"], ["k", "all-corrupt"], ["l", "nan-test"],
+                     ["m", "index-fields"], ["n", "limits"], ["o", "run-dir"], ["p", "unrecorded"]]
     assert os.access(SCRIPT, os.X_OK)
 
 

@@ -1,0 +1,60 @@
+"""What a rank's loader will hold in memory, checked against the machine before it is allocated.
+
+The shuffle window (``data.shuffle_window`` samples, at least one batch, held twice: the window
+and what carries over) and the prefetched batches (``data.prefetch`` + 1, as float32) are sized
+from the config and the index's sample shape. A window too large for the node used to be a
+``MemoryError`` traceback, or the kernel's OOM killer, minutes in; here it is one line naming
+the option, at start-up, before any of it is allocated. The limit is half of the memory the
+kernel says is available (``MemAvailable``) shared by the ranks of the node: the other half is
+the model's, the HDF5 caches' and the page cache's.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+from hpctrain.errors import ConfigError
+
+SHARE = 0.5            # of the memory available to the node's ranks
+
+
+def available_bytes() -> int | None:
+    """``MemAvailable`` of ``/proc/meminfo``, else physical memory (sysconf), else None."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def loader_bytes(sample_shape, dtype: str, *, batch_size: int, shuffle_window: int, prefetch: int) -> int:
+    """Bytes a training loader holds: the window buffers and the prefetched float32 batches."""
+    n = math.prod(int(d) for d in sample_shape)
+    window = max(shuffle_window, batch_size)
+    return 2 * window * (n * np.dtype(dtype).itemsize + 8) + (prefetch + 1) * batch_size * (n * 4 + 8)
+
+
+def check_loader_memory(index, *, batch_size: int, shuffle_window: int, prefetch: int, local_size: int = 1,
+                        available: int | None = None) -> None:
+    """Raise :class:`ConfigError` naming ``data.shuffle_window`` (or ``train.batch_size``) if the
+    loader would take more than its share of the node's available memory."""
+    avail = available_bytes() if available is None else available
+    if not avail:
+        return
+    need = loader_bytes(index.sample_shape, index.dtype, batch_size=batch_size, shuffle_window=shuffle_window,
+                        prefetch=prefetch)
+    share = int(avail * SHARE / max(local_size, 1))
+    if need > share:
+        key = "data.shuffle_window" if shuffle_window >= batch_size else "train.batch_size"
+        raise ConfigError(f"config {key}: a window of {max(shuffle_window, batch_size):,} samples of "
+                          f"{index.dtype} {tuple(index.sample_shape)} takes {need / 2**30:,.2f} GiB per rank, over "
+                          f"{SHARE:.0%} of the memory available to each of the node's {local_size} rank(s) "
+                          f"({share / 2**30:,.2f} GiB); choose a smaller value")
