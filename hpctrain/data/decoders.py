@@ -12,8 +12,8 @@ Two backends with one contract (``decode_crop(blob, crop, out_h, out_w, channels
 
 Either way the box (scaled to the decoded size, rounded to whole pixels) is resampled to
 ``out_h × out_w`` once with torch's uint8 antialiased bilinear filter (the filter of Pillow's
-``resize``, within a grey level or so, at about half its cost here: 0.37 against 0.75 ms for a
-240-pixel box), mirrored when the crop says so, and written as (C, H, W) uint8 into ``out``. torch
+``resize``, within a grey level or so, at about half its cost: docs/data.md has the figures),
+mirrored when the crop says so, and written as (C, H, W) uint8 into ``out``. torch
 releases the GIL in its operators too. Why simplejpeg over PyTurboJPEG and pillow-simd: docs/data.md
 ("Choosing the JPEG decoder").
 Without DCT scaling the two backends give the same pixels (the same libjpeg-turbo IDCT, measured
