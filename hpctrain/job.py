@@ -337,11 +337,12 @@ def train(job: Job, ckpt: Checkpointer, stop: StopSignal, resumed, log: MetricsL
 
 
 def collapse_watch(job: Job) -> CollapseWatch | None:
-    """The collapse check of ``train.collapse_steps`` (None when 0): chance is ln(classes)."""
-    steps = job.cfg.train.collapse_steps
-    if not steps:
+    """The collapse check of ``train.collapse_steps`` (None when 0, or for a single class): chance is
+    ln(classes)."""
+    steps, classes = job.cfg.train.collapse_steps, job.loader.shards.index.num_classes
+    if not steps or classes < 2:
         return None
-    return CollapseWatch(job.topo.comm, CollapseRule(chance_loss(job.loader.shards.index.num_classes), steps=steps))
+    return CollapseWatch(job.topo.comm, CollapseRule(chance_loss(classes), steps=steps))
 
 
 def check_collapse(job: Job, watch: CollapseWatch, log: MetricsLog) -> None:

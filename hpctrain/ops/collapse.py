@@ -147,7 +147,8 @@ class CollapseWatch:
 
     def __init__(self, comm, rule: CollapseRule):
         self.comm, self.detector = comm, CollapseDetector(rule)
-        self.first_step, self.pending = 0, []
+        self.first_step = 0
+        self.pending: list = []           # this window's losses: 0-d tensors on the model's device
         self.warned = False               # train.on_collapse = "warn": the line printed once
 
     def add(self, step: int, loss) -> bool:
