@@ -124,7 +124,7 @@ def train_main(argv: list[str]) -> int:
     from mpi4py import MPI
 
     from hpctrain.config import ConfigError, deprecation_lines, validate
-    from hpctrain.errors import UserError
+    from hpctrain.errors import TrainingCollapsed, UserError
     from hpctrain.ops.abort import install_abort_hook
     from hpctrain.ops.agree import agree
     from hpctrain.ops.signals import Stopped
@@ -148,6 +148,10 @@ def train_main(argv: list[str]) -> int:
         if comm.Get_rank() == 0:
             print(f"hpctrain: {exc}", file=sys.stderr)
         return 3
+    except TrainingCollapsed as exc:        # the loss went back to chance: not "done" (docs/operations.md)
+        if comm.Get_rank() == 0:
+            print(f"hpctrain: error: {exc}", file=sys.stderr)
+        return exc.exit_status
     except UserError as exc:
         if isinstance(exc, UserError) and not exc.agreed:
             raise                   # this rank's alone: the abort hook prints it and ends every rank

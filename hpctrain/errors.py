@@ -1,4 +1,5 @@
-"""The one base of user-facing errors: printed as one line naming the file, field or rank, status 2.
+"""The one base of user-facing errors: printed as one line naming the file, field or rank, status 2
+(a training collapse, :class:`TrainingCollapsed`: status 6).
 
 Anything else is a bug: it keeps its traceback and aborts the job (``ops.abort.install_abort_hook``).
 ``agreed`` says whether every rank raises the error together (set-up errors passed through
@@ -30,6 +31,14 @@ class LocalUserError(UserError):
     """A user-facing error found by one rank alone (see the module docstring)."""
 
     agreed = False
+
+
+class TrainingCollapsed(UserError):
+    """The training loss went back to the chance level and stayed there (:mod:`hpctrain.ops.collapse`):
+    every rank raises it at the same step; exit status 6, ``collapsed`` in ``hpctrain status``."""
+
+    exit_status = 6
+    run_state = "collapsed"
 
 
 @contextlib.contextmanager

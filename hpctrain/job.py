@@ -6,6 +6,7 @@ same one user scripts call, so the CLI and the library API share one code path.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import math
 import os
@@ -25,11 +26,13 @@ from hpctrain.data import (ShardLoader, ShardSet, eval_batches, eval_prep, open_
                            train_loader_from_config)
 from hpctrain.data.builtin import resolve_dataset
 from hpctrain.data.plan import block_range
-from hpctrain.errors import ConfigError, UserError
+from hpctrain.errors import ConfigError, TrainingCollapsed, UserError
 from hpctrain.batches import device_batches, timed_batches
 from hpctrain.models import BUILTIN, ModelError, build_model, check_model_output
 from hpctrain.ops.agree import agree, check_consistency, software_versions
 from hpctrain.ops.checkpoint import Checkpointer, resume_spec
+from hpctrain.ops.collapse import CollapseRule, CollapseWatch, chance_loss
+from hpctrain.ops.collapse import explain as explain_collapse
 from hpctrain.ops.datawait import InputWatch
 from hpctrain.ops.finite import NO_SAMPLE, check_result, first_nonfinite
 from hpctrain.testhooks import device_batches_forced, maybe_inject
@@ -40,7 +43,7 @@ from hpctrain.ops.timeline import Timeline, merge_and_write
 from hpctrain.ops.watchdog import Watchdog, busy, start_watchdog
 from hpctrain.optim import optimizer_from_config, schedule_from_config
 from hpctrain.optim.recipe import apply_recipe
-from hpctrain.optim.schedules import describe_lr
+from hpctrain.optim.schedules import describe_lr, lr_at
 from hpctrain.polish import recompute_bn_stats
 from hpctrain.topology import Topology
 from hpctrain.trainer import DistributedTrainer, compute_unsupported
@@ -304,6 +307,7 @@ def train(job: Job, ckpt: Checkpointer, stop: StopSignal, resumed, log: MetricsL
         from tqdm import tqdm
         bar = stack.enter_context(tqdm(total=total_steps, initial=progress.start_step, desc=f"train x{topo.size}",
                                        unit="step", dynamic_ncols=True))
+    watch = collapse_watch(job)
     t_train = time.perf_counter()
     first_epoch, skip = (resumed.epoch, resumed.step_in_epoch) if resumed else (0, 0)
     lr = trainer.lr()
@@ -325,6 +329,8 @@ def train(job: Job, ckpt: Checkpointer, stop: StopSignal, resumed, log: MetricsL
             lr = trainer.lr()
             result = trainer.step(x, y)
             loss_sum += result.loss
+            if watch and watch.add(trainer.step_count - 1, result.loss):
+                check_collapse(job, watch, log)
             progress.skipped += result.skipped
             n += 1
             progress.samples += loader.global_batch
@@ -335,6 +341,8 @@ def train(job: Job, ckpt: Checkpointer, stop: StopSignal, resumed, log: MetricsL
                     ckpt.save(trainer)
             if stop.poll():                               # agreed by all ranks at the same step
                 break
+        if watch:
+            check_collapse(job, watch, log)
         phases = job.timer.reset()
         for k, v in phases.items():
             progress.breakdown[k] = progress.breakdown.get(k, 0.0) + v
@@ -373,6 +381,32 @@ def _stop_if_nonfinite(job: Job, ckpt: Checkpointer, rec: dict, where: str) -> N
                  rec.get("test_nonfinite_sample", NO_SAMPLE))
 
 
+def collapse_watch(job: Job) -> CollapseWatch | None:
+    """The collapse check of ``train.collapse_steps`` (None when 0, or for a single class): chance is
+    ln(classes)."""
+    steps, classes = job.cfg.train.collapse_steps, job.loader.shards.index.num_classes
+    if not steps or classes < 2:
+        return None
+    return CollapseWatch(job.topo.comm, CollapseRule(chance_loss(classes), steps=steps))
+
+
+def check_collapse(job: Job, watch: CollapseWatch, log: MetricsLog) -> None:
+    """Collective: a collapse raises :class:`TrainingCollapsed` on every rank (``on_collapse = "stop"``)
+    or prints its line once on rank 0 (``"warn"``)."""
+    verdict = watch.flush()
+    if verdict is None or watch.warned:
+        return
+    schedule, cfg = job.trainer.schedule, job.cfg
+    line = explain_collapse(verdict, job.loader.steps, lambda s: lr_at(s, schedule) if schedule else None,
+                            schedule.warmup_steps if schedule else 0, describe_lr(cfg.optim, job.loader.global_batch))
+    log.log("collapsed", **dataclasses.asdict(verdict), message=line)
+    if cfg.train.on_collapse == "stop":
+        raise TrainingCollapsed(line)
+    watch.warned = True
+    if job.topo.rank == 0:
+        print(f"hpctrain: warning: {line} (train.on_collapse=warn: going on)", file=sys.stderr, flush=True)
+
+
 def summarise(job: Job, log: MetricsLog, progress: Progress, t0: float) -> dict:
     """Final evaluation (and Final Polishing), then the summary line of metrics.jsonl. Collective."""
     cfg, topo, loader = job.cfg, job.topo, job.loader
@@ -386,6 +420,7 @@ def summarise(job: Job, log: MetricsLog, progress: Progress, t0: float) -> dict:
     return log.log("summary", **result, samples_per_s=progress.samples / train_s, wall_s=wall_s,
                    train_s=train_s, world_size=topo.size, steps=steps, epochs=steps / loader.steps,
                    global_batch=loader.global_batch, skipped_steps=int(progress.skipped),
+                   num_classes=loader.shards.index.num_classes,
                    strategy=cfg.comm.strategy, compression=cfg.comm.compression, algorithm=cfg.sync.algorithm,
                    phases_s=progress.breakdown,
                    data_wait_share=progress.breakdown.get("data", 0.0) / train_s if train_s else 0.0,

@@ -9,7 +9,9 @@ dataset and seed, 90 epochs by default, as in the issue that asked for the study
 ``optim.recipe = "auto"`` (no lr, eta or warm-up given). ``--ablation`` adds LARS with the
 MLPerf defaults as given (eta 0.001, raw lr on the 1-D parameters) and the BN-free row's eta
 without the 1-D scaling, to show what each part of the recipe fixes.
-Prints mean, spread (min..max) and the worst seed against the small-batch mean; writes
+Prints every seed, and mean, spread (min..max) and the worst seed against the small-batch mean
+over the seeds that trained; a seed at chance (stopped by the collapse check, or a test loss at
+0.9 ln C or above) or diverged is shown as such, counted, and misses the goal; writes
 ``held_out.json`` in ``--out``. Runs under ``mpiexec`` like training.
 """
 from __future__ import annotations
@@ -42,13 +44,21 @@ def variants(batch: int, factor: int, lr: float, ablation: bool) -> list[tuple[s
 
 
 def run_one(base: Config, dataset: str, seed: int, name: str, overrides: dict, out: str, comm) -> dict:
+    """One (dataset, seed, variant) run. A seed that ends at chance is a result, never a crash and
+    never a number to average: ``failed`` says why (``collapsed``: stopped by the collapse check,
+    or finished with a test loss at chance; ``diverged``: stopped by the non-finite guard)."""
     from hpctrain.bench.study import run_variant
+    from hpctrain.errors import TrainingCollapsed
+    from hpctrain.ops.collapse import at_chance
     from hpctrain.update import NonFiniteError
     cfg = _with(base, {"data.dataset": dataset, "model.name": DATASETS[dataset], "train.seed": seed})
     try:                                      # run directory: OUT/DATASET/seedS/<variant name>
         row = run_variant(cfg, name, overrides, os.path.join(out, dataset, f"seed{seed}"), comm)
-    except NonFiniteError as exc:             # a diverged run (the non-finite guard) is a result, not a crash
-        row = {"name": name, "overrides": overrides, "test_accuracy": 0.0, "error": str(exc),
+        row["failed"] = "collapsed" if at_chance(row["test_loss"], row["num_classes"]) else None
+        row["error"] = "test loss at chance" if row["failed"] else None
+    except (NonFiniteError, TrainingCollapsed) as exc:
+        row = {"name": name, "overrides": overrides, "test_accuracy": None, "error": str(exc),
+               "failed": "diverged" if isinstance(exc, NonFiniteError) else "collapsed",
                "global_batch": overrides["train.batch_size"], "steps": None, "curve": []}
     return {**row, "dataset": dataset, "seed": seed}
 
@@ -64,31 +74,59 @@ def _with(base: Config, values: dict) -> Config:
 
 
 def summarise(rows: list[dict]) -> list[dict]:
-    """Per (dataset, variant): mean, min, max, the worst seed against the small-batch mean."""
+    """Per (dataset, variant): every seed's accuracy (None for a failed seed, with ``failed`` saying
+    why), and mean, min, max and the worst seed against the small-batch mean over the seeds that
+    trained; a failed seed is counted, never averaged."""
     out = []
     for dataset in dict.fromkeys(r["dataset"] for r in rows):
         mine = [r for r in rows if r["dataset"] == dataset]
         names = list(dict.fromkeys(r["name"] for r in mine))
-        small = statistics.mean(100 * r["test_accuracy"] for r in mine if r["name"] == names[0])
+        small = _mean([_acc(r) for r in mine if r["name"] == names[0]])
         for name in names:
-            accs = [100 * r["test_accuracy"] for r in mine if r["name"] == name]
-            mean = statistics.mean(accs)
-            batch = next(r["global_batch"] for r in mine if r["name"] == name)
-            out.append({"dataset": dataset, "name": name, "batch": batch,
-                        "accs": accs, "mean": mean, "min": min(accs), "max": max(accs),
-                        "vs_small": mean - small, "worst_vs_small": min(accs) - small})
+            seeds = [r for r in mine if r["name"] == name]
+            accs = [_acc(r) for r in seeds]
+            ok = [a for a in accs if a is not None]
+            mean = _mean(accs)
+            out.append({"dataset": dataset, "name": name, "batch": seeds[0]["global_batch"],
+                        "seeds": [r["seed"] for r in seeds], "accs": accs, "failed": [r.get("failed") for r in seeds],
+                        "n_failed": len(accs) - len(ok), "mean": mean, "min": min(ok, default=None),
+                        "max": max(ok, default=None),
+                        "vs_small": None if mean is None or small is None else mean - small,
+                        "worst_vs_small": None if not ok or small is None else min(ok) - small})
     return out
 
 
+def _acc(row: dict) -> float | None:
+    """A seed's test accuracy in %, None when it failed (collapsed, diverged)."""
+    return None if row.get("failed") or row["test_accuracy"] is None else 100 * row["test_accuracy"]
+
+
+def _mean(accs: list) -> float | None:
+    ok = [a for a in accs if a is not None]
+    return statistics.mean(ok) if ok else None
+
+
+def _num(x: float | None, width: int, sign: str = "") -> str:
+    """``x`` to 2 decimals right-aligned in ``width`` columns (``sign="+"``: always signed), ``-``
+    when there is none (every seed failed)."""
+    return f"{x:>{sign}{width}.2f}" if x is not None else "-".rjust(width)
+
+
 def table(summary: list[dict], goal: tuple[float, float] = (1.0, 1.5)) -> str:
+    """Mean and spread of the seeds that trained, then every seed: a failed one is named
+    (``collapsed``, ``diverged``) and misses the goal whatever the others did."""
     lines = [f"{'dataset':<9} {'variant':<40} {'batch':>5} {'mean %':>7} {'min..max':>13} {'vs small':>8} "
              f"{'worst':>6}  seeds"]
     for s in summary:
-        ok = "" if s["name"].startswith("small") else (
-            "  goal met" if s["vs_small"] >= -goal[0] and s["worst_vs_small"] >= -goal[1] else "  goal missed")
-        lines.append(f"{s['dataset']:<9} {s['name']:<40} {s['batch']:>5} {s['mean']:>7.2f} "
-                     f"{s['min']:>6.2f}..{s['max']:<6.2f} {s['vs_small']:>+8.2f} {s['worst_vs_small']:>+6.2f}  "
-                     f"{' '.join(f'{a:.2f}' for a in s['accs'])}{ok}")
+        met = (s["n_failed"] == 0 and s["vs_small"] is not None and s["vs_small"] >= -goal[0]
+               and s["worst_vs_small"] >= -goal[1])
+        ok = "" if s["name"].startswith("small") else ("  goal met" if met else "  goal missed")
+        if s["n_failed"]:
+            ok += f" ({s['n_failed']} of {len(s['accs'])} seeds {'/'.join(sorted(set(filter(None, s['failed']))))})"
+        spread = f"{s['min']:>6.2f}..{s['max']:<6.2f}" if s["min"] is not None else f"{'-':>13}"
+        seeds = " ".join(f"{a:.2f}" if a is not None else f"{why}" for a, why in zip(s["accs"], s["failed"]))
+        lines.append(f"{s['dataset']:<9} {s['name']:<40} {s['batch']:>5} {_num(s['mean'], 7)} {spread} "
+                     f"{_num(s['vs_small'], 8, '+')} {_num(s['worst_vs_small'], 6, '+')}  {seeds}{ok}")
     return "\n".join(lines)
 
 

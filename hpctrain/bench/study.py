@@ -54,6 +54,7 @@ def run_variant(base: Config, name: str, overrides: dict, out_dir: str, comm) ->
         with open(os.path.join(cfg.run.run_dir, "metrics.jsonl")) as fh:
             curve = [r["test_accuracy"] for r in map(json.loads, fh) if r["event"] == "epoch"]
     return {"name": name, "overrides": overrides, "test_accuracy": summary["test_accuracy"],
+            "test_loss": summary["test_loss"], "num_classes": summary["num_classes"],
             "test_accuracy_before_polish": summary.get("test_accuracy_before_polish"),
             "global_batch": summary["global_batch"], "steps": summary["steps"], "curve": curve}
 

@@ -93,6 +93,11 @@ class TrainConfig:
                                       "(not bitwise reproducible run to run)")
     tf32: bool = opt(False, "GPU: fp32 matmuls in TensorFloat-32 on Ampere and newer (faster, 10-bit mantissa)")
     channels_last: bool = opt(False, "the model in channels-last (NHWC) memory layout (GPU tensor cores)")
+    collapse_steps: int = opt(100, "a collapse: the training loss, once at half the chance level ln(classes) or "
+                              "below, back at 0.9 ln(classes) or above for this many steps (0: never checked; "
+                              "docs/operations.md)", range=NON_NEGATIVE)
+    on_collapse: str = opt("stop", "on a collapse: stop (one line, exit status 6) | warn (the line, then go on)",
+                           choices="hpctrain.ops.collapse:ON_COLLAPSE")
 
 
 @dataclass

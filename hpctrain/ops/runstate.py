@@ -5,7 +5,7 @@ itself signalled (``kill -TERM``, Ctrl-C, ``timeout``) although every rank check
 stopped with 3; MPICH's Hydra sometimes exits 0 after forwarding a signal. So the job records its
 state, and ``hpctrain status`` turns it back into the documented status (the batch scripts use
 it to repair the launcher's). Rank 0 writes ``running`` once it holds the run directory's lock,
-then ``done``, ``stopped``, ``failed`` or ``stalled`` on the way out. A job killed outright (or
+then ``done``, ``stopped``, ``failed``, ``stalled`` or ``collapsed`` on the way out. A job killed outright (or
 aborted by another rank's failure) cannot write: its state stays ``running`` with the lock free,
 which reads as failed. Light: no MPI, no torch, so it runs on a batch node in a blink.
 """
@@ -23,7 +23,7 @@ from hpctrain.ops.runlock import RunLock
 
 STATE_NAME = "state.json"
 # state → the job's documented exit status (running: 1, not an end)
-STATUS = {"done": 0, "failed": 2, "stopped": 3, "stalled": 4}
+STATUS = {"done": 0, "failed": 2, "stopped": 3, "stalled": 4, "collapsed": 6}
 # the job ended without recording how (killed outright, aborted, died before taking the run
 # directory): not a user error (2), not done; the batch scripts return it too
 UNRECORDED = 5
@@ -70,7 +70,7 @@ def describe(run_dir: str, since: float | None = None) -> tuple[str, int]:
     if state == "stopped":
         return (f"stopped by {st.get('signal')} at step {st.get('step')} after writing {st.get('checkpoint')} "
                 f"({when}); continue with --set ckpt.resume=auto"), 3
-    if state in ("failed", "stalled"):
+    if state in ("failed", "stalled", "collapsed"):
         return f"{state}: {st.get('message')} ({when})", STATUS[state]
     return (f"failed: the job started {when} (pid {st.get('pid')}) ended without recording how: killed, "
             f"or aborted by a rank's failure (see its output)"), UNRECORDED
@@ -80,7 +80,8 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m hpctrain status",
                                  description="Print how the run in RUN_DIR ended; exit 0 done, 3 stopped (checkpoint "
                                              "written), 2 failed, 4 stalled (ended by the watchdog), 5 ended without a "
-                                             "record (killed, aborted), 1 still running.")
+                                             "record (killed, aborted), 6 collapsed (the training loss back at "
+                                             "chance), 1 still running.")
     ap.add_argument("run_dir", metavar="RUN_DIR")
     ap.add_argument("--since", type=float, metavar="UNIX_TIME",
                     help="the job started then: an older record is an earlier job's (the batch scripts pass it)")
@@ -110,7 +111,7 @@ def record_exit(run_dir: str, enabled: bool) -> Callable[..., bool]:
         if enabled and exc_type is not None and not issubclass(exc_type, Stopped):
             message = str(exc) if issubclass(exc_type, UserError) else f"{exc_type.__name__}: {exc}"
             try:
-                record(run_dir, "failed", message=message)
+                record(run_dir, getattr(exc_type, "run_state", "failed"), message=message)
             except OSError:
                 pass                          # the error itself is what the user must see
         return False

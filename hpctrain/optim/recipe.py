@@ -8,7 +8,9 @@ normalisation the logits scale with the product of the layer norms; a relative s
 enough to train in few large-batch steps then makes them grow until the loss spikes, and the
 1-D parameters excluded from the trust ratio (biases) take the raw peak lr (10 in the MLPerf
 table) and blow up. The BN-free rows therefore use a moderate LARS eta and give the 1-D
-parameters ``lr * lr_1d_scale``. The normalised rows are MLPerf's ResNet-50 table unchanged.
+parameters ``lr * lr_1d_scale``; BN-free LAMB takes a third of the normalised relative step (its
+Adam direction points along the weights there, so the norms grow at about lr per step: issue 38).
+The normalised rows are MLPerf's ResNet-50 table unchanged.
 """
 from __future__ import annotations
 
@@ -30,6 +32,12 @@ BN_FREE_LARS_ETA = 0.005
 BN_FREE_LR_1D_SCALE = 0.01          # biases step at lr/100 (0.1 at the peak lr 10)
 LAMB_BASE_LR, LAMB_BASE_BATCH = 0.05, 2048        # square-root scaling from here (You et al. 2019)
 LAMB_MAX_LR = 0.1
+# BN-free LAMB: about a third of the normalised row's relative step. Issue 38: at 0.0707 (batch 4096)
+# LAMB's update points along the weights (cosine +0.3..0.9), every norm grows ~lr*cos per step
+# until a layer's ReLUs are all dead and the loss sits at ln C; 0.025 trained (docs/large-batch.md).
+# One seed per set, batch 2048-4096: the cap above 4096 is not measured.
+LAMB_BN_FREE_BASE_LR, LAMB_BN_FREE_BASE_BATCH = 0.025, 4096
+LAMB_BN_FREE_MAX_LR = 0.05
 
 
 DECIDES = ("lr", "scale_lr", "base_batch", "lars.eta", "lr_1d_scale", "warmup", "warmup_epochs", "schedule")
@@ -87,11 +95,13 @@ def recipe_for(optimizer: str, global_batch: int, normalised: bool) -> Recipe:
                       why=f"{kind} model: MLPerf lr {lr:g} and {warmup:g} warm-up epochs, eta {eta:g} "
                           f"(peak relative step {lr * eta:g}), 1-D params at lr x {BN_FREE_LR_1D_SCALE:g}, poly")
     if optimizer == "lamb":
-        lr = min(LAMB_BASE_LR * math.sqrt(global_batch / LAMB_BASE_BATCH), LAMB_MAX_LR)
+        base, base_batch, cap = ((LAMB_BASE_LR, LAMB_BASE_BATCH, LAMB_MAX_LR) if normalised else
+                                 (LAMB_BN_FREE_BASE_LR, LAMB_BN_FREE_BASE_BATCH, LAMB_BN_FREE_MAX_LR))
+        lr = min(base * math.sqrt(global_batch / base_batch), cap)
         warmup = mlperf_lars_warmup_epochs(global_batch)
         return Recipe(lr=lr, warmup_epochs=warmup, schedule="poly",
-                      why=f"{kind} model: lr {LAMB_BASE_LR:g} x sqrt({global_batch}/{LAMB_BASE_BATCH}) = {lr:.4g}"
-                          f"{' (capped)' if lr == LAMB_MAX_LR else ''} (square-root scaling), {warmup:g} "
+                      why=f"{kind} model: lr {base:g} x sqrt({global_batch}/{base_batch}) = {lr:.4g}"
+                          f"{' (capped)' if lr == cap else ''} (square-root scaling), {warmup:g} "
                           f"warm-up epochs, poly")
     raise ValueError(f"optim.recipe auto: no recipe for optimizer {optimizer!r}")
 

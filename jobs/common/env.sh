@@ -167,12 +167,12 @@ hpctrain_launch() {
   # A launcher's status is not always the run's: Open MPI's mpirun exits 1 when it was itself
   # signalled, MPICH's Hydra sometimes 0 after forwarding a signal (about 1 run in 8 here), though
   # every rank stopped with 3. When the launcher says 0 or 1, the run's recorded state decides
-  # (hpctrain status: 3 stopped, 4 stalled, 5 ended without a record; a state recorded before this
+  # (hpctrain status: 3 stopped, 4 stalled, 5 ended without a record, 6 collapsed; a state recorded before this
   # launch is not this job's); any other status is the launcher's own word.
   if [ -z "$SCRIPT" ] && { [ "$rc" = 0 ] || [ "$rc" = 1 ]; }; then
     local state=0
     "$PY" -m hpctrain status --wait 10 --since "$started" "$RUN_DIR" >&2 || state=$?
-    case $state in 3|4|5) rc=$state ;; esac
+    case $state in 3|4|5|6) rc=$state ;; esac
   fi
   HPCTRAIN_RC=$rc
   return "$rc"

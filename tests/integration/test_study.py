@@ -30,7 +30,7 @@ def test_held_out_smoke(tmp_path):
                        env={**os.environ, **ENV}, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "recipe auto (lars, global batch 1024): BN-free model: MLPerf lr 10" in r.stdout
-    assert "recipe auto (lamb, global batch 1024): BN-free model: lr 0.05 x sqrt(1024/2048)" in r.stdout
+    assert "recipe auto (lamb, global batch 1024): BN-free model: lr 0.025 x sqrt(1024/4096)" in r.stdout
     doc = json.load(open(tmp_path / "out" / "held_out.json"))
     assert [(s["name"], s["batch"]) for s in doc["summary"]] == [
         ("small batch SGD", 256), ("LARS 4x recipe auto", 1024), ("LAMB 4x recipe auto", 1024)]

@@ -28,13 +28,17 @@ def test_lars_bn_free_rows_keep_the_peak_relative_step_and_scale_the_1d_lr(batch
     assert "BN-free" in r.why and f"eta {r.eta:g}" in r.why
 
 
-@pytest.mark.parametrize("batch,lr", [(512, 0.025), (2048, 0.05), (4096, 0.05 * math.sqrt(2)), (8192, 0.1),
-                                      (65536, 0.1)])
-def test_lamb_square_root_scaling_capped(batch, lr):
-    for normalised in (True, False):
+@pytest.mark.parametrize("batch,lr,bn_free_lr", [(512, 0.025, 0.025 / math.sqrt(8)), (2048, 0.05, 0.025 / math.sqrt(2)),
+                                                 (4096, 0.05 * math.sqrt(2), 0.025), (8192, 0.1, 0.025 * math.sqrt(2)),
+                                                 (65536, 0.1, 0.05)])
+def test_lamb_square_root_scaling_capped(batch, lr, bn_free_lr):
+    """Normalised: 0.05 at 2048, capped at 0.1; BN-free: 0.025 at 4096, capped at 0.05 (issue 38)."""
+    for normalised, want in ((True, lr), (False, bn_free_lr)):
         r = recipe_for("lamb", batch, normalised)
-        assert r.lr == pytest.approx(lr) and r.eta is None and r.lr_1d_scale == 1.0
+        assert r.lr == pytest.approx(want) and r.eta is None and r.lr_1d_scale == 1.0
         assert r.warmup_epochs == (25.0 if batch >= 32768 else 5.0)
+    assert "BN-free model: lr 0.025 x sqrt(4096/4096) = 0.025 (square-root" in recipe_for("lamb", 4096, False).why
+    assert "(capped)" in recipe_for("lamb", 65536, False).why
 
 
 def test_sgd_row_is_goyal_and_unknown_optimiser_refused():
