@@ -307,11 +307,11 @@ def train(job: Job, ckpt: Checkpointer, stop: StopSignal, resumed, log: MetricsL
         from tqdm import tqdm
         bar = stack.enter_context(tqdm(total=total_steps, initial=progress.start_step, desc=f"train x{topo.size}",
                                        unit="step", dynamic_ncols=True))
-    watch = collapse_watch(job)
+    collapse = collapse_watch(job)                         # a loss back at chance ends the run
     t_train = time.perf_counter()
     first_epoch, skip = (resumed.epoch, resumed.step_in_epoch) if resumed else (0, 0)
     lr = trainer.lr()
-    watch = InputWatch(topo.comm)                         # is input the bottleneck? (per epoch, warns once)
+    input_watch = InputWatch(topo.comm)                   # is input the bottleneck? (per epoch, warns once)
     for epoch in range(first_epoch, cfg.train.epochs):
         t_epoch, loss_sum, n = time.perf_counter(), torch.zeros((), device=job.device), 0
         # Final Polishing (b): the last polish.unaugmented_epochs epochs see the data as validation does
@@ -322,15 +322,15 @@ def train(job: Job, ckpt: Checkpointer, stop: StopSignal, resumed, log: MetricsL
         for x, y in device_batches(timed_batches(batches, job.timer), job.device, prep):
             if trainer.step_count >= total_steps:
                 break
-            watch.batch_arrived()
+            input_watch.batch_arrived()
             if watchdog:
                 watchdog.step(trainer.step_count)
             maybe_inject(topo.rank, trainer.step_count)
             lr = trainer.lr()
             result = trainer.step(x, y)
             loss_sum += result.loss
-            if watch and watch.add(trainer.step_count - 1, result.loss):
-                check_collapse(job, watch, log)
+            if collapse and collapse.add(trainer.step_count - 1, result.loss):
+                check_collapse(job, collapse, log)
             progress.skipped += result.skipped
             n += 1
             progress.samples += loader.global_batch
@@ -341,14 +341,14 @@ def train(job: Job, ckpt: Checkpointer, stop: StopSignal, resumed, log: MetricsL
                     ckpt.save(trainer)
             if stop.poll():                               # agreed by all ranks at the same step
                 break
-        if watch:
-            check_collapse(job, watch, log)
+        if collapse:
+            check_collapse(job, collapse, log)
         phases = job.timer.reset()
         for k, v in phases.items():
             progress.breakdown[k] = progress.breakdown.get(k, 0.0) + v
         loss_total = comm_lib.allreduce_sum([float(loss_sum), n], topo.comm)
         epoch_s = time.perf_counter() - t_epoch
-        wait, warning = watch.epoch(epoch, phases.get("data", 0.0), epoch_s)    # collective
+        wait, warning = input_watch.epoch(epoch, phases.get("data", 0.0), epoch_s)    # collective
         if warning and topo.rank == 0:
             print(warning, file=sys.stderr, flush=True)
             log.log("warning", epoch=epoch, message=warning)
