@@ -31,12 +31,12 @@ from hpctrain.batches import device_batches, timed_batches
 from hpctrain.models import BUILTIN, ModelError, build_model, check_model_output
 from hpctrain.ops.agree import agree, check_consistency, software_versions
 from hpctrain.ops.checkpoint import Checkpointer, resume_spec
-from hpctrain.ops.collapse import CollapseRule, CollapseWatch, chance_loss
+from hpctrain.ops.collapse import CollapseRule, CollapseWatch, chance_loss, learned_before
 from hpctrain.ops.collapse import explain as explain_collapse
 from hpctrain.ops.datawait import InputWatch
 from hpctrain.ops.finite import NO_SAMPLE, NonFiniteResult, add_step_loss, check_result, epoch_loss, first_nonfinite
 from hpctrain.testhooks import device_batches_forced, maybe_inject
-from hpctrain.ops.metrics import MetricsLog, StepTimer, clock_for, gpu_time
+from hpctrain.ops.metrics import MetricsLog, StepTimer, clock_for, gpu_time, read_records
 from hpctrain.ops.rundir import RunDirectory
 from hpctrain.ops.signals import StopSignal, Stopped
 from hpctrain.ops.timeline import Timeline, merge_and_write
@@ -308,7 +308,7 @@ def train(job: Job, ckpt: Checkpointer, stop: StopSignal, resumed, log: MetricsL
         from tqdm import tqdm
         bar = stack.enter_context(tqdm(total=total_steps, initial=progress.start_step, desc=f"train x{topo.size}",
                                        unit="step", dynamic_ncols=True))
-    collapse = collapse_watch(job)                         # a loss back at chance ends the run
+    collapse = collapse_watch(job, resumed is not None)    # a loss back at chance ends the run
     t_train = time.perf_counter()
     first_epoch, skip = (resumed.epoch, resumed.step_in_epoch) if resumed else (0, 0)
     lr = trainer.lr()
@@ -383,13 +383,20 @@ def _stop_if_nonfinite(job: Job, ckpt: Checkpointer, rec: dict, where: str) -> N
         raise
 
 
-def collapse_watch(job: Job) -> CollapseWatch | None:
+def collapse_watch(job: Job, resumed: bool) -> CollapseWatch | None:
     """The collapse check of ``train.collapse_steps`` (None when 0, or for a single class): chance is
-    ln(classes)."""
+    ln(classes). Resumed, it starts from the run's history (:func:`~hpctrain.ops.collapse.learned_before`)."""
     steps, classes = job.cfg.train.collapse_steps, job.loader.shards.index.num_classes
     if not steps or classes < 2:
         return None
-    return CollapseWatch(job.topo.comm, CollapseRule(chance_loss(classes), steps=steps))
+    watch = CollapseWatch(job.topo.comm, CollapseRule(chance_loss(classes), steps=steps))
+    if resumed:
+        history = learned_before(read_records(job.cfg.run.run_dir), watch.detector.rule) \
+            if job.topo.rank == 0 else None
+        history = job.topo.comm.bcast(history, root=0)
+        if history is not None:
+            watch.detector.arm(*history)
+    return watch
 
 
 def check_collapse(job: Job, watch: CollapseWatch, log: MetricsLog) -> None:
