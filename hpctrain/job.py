@@ -31,12 +31,12 @@ from hpctrain.batches import device_batches, timed_batches
 from hpctrain.models import BUILTIN, ModelError, build_model, check_model_output
 from hpctrain.ops.agree import agree, check_consistency, software_versions
 from hpctrain.ops.checkpoint import Checkpointer, resume_spec
-from hpctrain.ops.collapse import CollapseRule, CollapseWatch, chance_loss
+from hpctrain.ops.collapse import CollapseRule, CollapseWatch, chance_loss, learned_before
 from hpctrain.ops.collapse import explain as explain_collapse
 from hpctrain.ops.datawait import InputWatch
-from hpctrain.ops.finite import NO_SAMPLE, check_result, first_nonfinite
+from hpctrain.ops.finite import NO_SAMPLE, NonFiniteResult, add_step_loss, check_result, epoch_loss, first_nonfinite
 from hpctrain.testhooks import device_batches_forced, maybe_inject
-from hpctrain.ops.metrics import MetricsLog, StepTimer, clock_for, gpu_time
+from hpctrain.ops.metrics import MetricsLog, StepTimer, clock_for, gpu_time, read_records
 from hpctrain.ops.rundir import RunDirectory
 from hpctrain.ops.signals import StopSignal, Stopped
 from hpctrain.ops.timeline import Timeline, merge_and_write
@@ -234,12 +234,13 @@ def startup_line(job: Job) -> str:
             f"{describe_lr(job.cfg.optim, job.loader.global_batch)}")
 
 
-def show_progress(bar, loss_sum: torch.Tensor, n: int, lr: float | None) -> None:
+def show_progress(bar, loss_acc: torch.Tensor, lr: float | None) -> None:
     """One step on the progress bar; the mean loss is read (a host sync on a GPU: the host
     waits for the step's kernels) only when tqdm redraws, a few times a second, not every
     step (issue 34, N6). ``tqdm.update`` returns True when it redrew."""
     if bar.update(1):
-        bar.set_postfix(loss=f"{float(loss_sum) / n:.3f}", lr=f"{lr:.3g}")
+        loss_sum, n = loss_acc.tolist()
+        bar.set_postfix(loss=f"{loss_sum / max(n, 1):.3f}", lr=f"{lr:.3g}")
 
 
 def describe_device(device: torch.device, want: str) -> str:
@@ -307,13 +308,14 @@ def train(job: Job, ckpt: Checkpointer, stop: StopSignal, resumed, log: MetricsL
         from tqdm import tqdm
         bar = stack.enter_context(tqdm(total=total_steps, initial=progress.start_step, desc=f"train x{topo.size}",
                                        unit="step", dynamic_ncols=True))
-    collapse = collapse_watch(job)                         # a loss back at chance ends the run
+    collapse = collapse_watch(job, resumed is not None)    # a loss back at chance ends the run
     t_train = time.perf_counter()
     first_epoch, skip = (resumed.epoch, resumed.step_in_epoch) if resumed else (0, 0)
     lr = trainer.lr()
     input_watch = InputWatch(topo.comm)                   # is input the bottleneck? (per epoch, warns once)
     for epoch in range(first_epoch, cfg.train.epochs):
-        t_epoch, loss_sum, n = time.perf_counter(), torch.zeros((), device=job.device), 0
+        t_epoch, n = time.perf_counter(), 0
+        loss_acc = torch.zeros(2, device=job.device)     # [sum of finite step losses, their count]
         # Final Polishing (b): the last polish.unaugmented_epochs epochs see the data as validation does
         augment = epoch < cfg.train.epochs - cfg.polish.unaugmented_epochs
         done = skip if epoch == first_epoch else 0          # steps of this epoch before the resume
@@ -328,14 +330,14 @@ def train(job: Job, ckpt: Checkpointer, stop: StopSignal, resumed, log: MetricsL
             maybe_inject(topo.rank, trainer.step_count)
             lr = trainer.lr()
             result = trainer.step(x, y)
-            loss_sum += result.loss
+            add_step_loss(loss_acc, result.loss)             # a step a scaler skipped may be inf
             if collapse and collapse.add(trainer.step_count - 1, result.loss):
                 check_collapse(job, collapse, log)
             progress.skipped += result.skipped
             n += 1
             progress.samples += loader.global_batch
             if bar:
-                show_progress(bar, loss_sum, n, lr)
+                show_progress(bar, loss_acc, lr)
             if ckpt.due(trainer.step_count):
                 with busy(watchdog, "checkpoint"):
                     ckpt.save(trainer)
@@ -346,13 +348,13 @@ def train(job: Job, ckpt: Checkpointer, stop: StopSignal, resumed, log: MetricsL
         phases = job.timer.reset()
         for k, v in phases.items():
             progress.breakdown[k] = progress.breakdown.get(k, 0.0) + v
-        loss_total = comm_lib.allreduce_sum([float(loss_sum), n], topo.comm)
+        loss_total = comm_lib.allreduce_sum([*loss_acc.tolist(), n], topo.comm)
         epoch_s = time.perf_counter() - t_epoch
         wait, warning = input_watch.epoch(epoch, phases.get("data", 0.0), epoch_s)    # collective
         if warning and topo.rank == 0:
             print(warning, file=sys.stderr, flush=True)
             log.log("warning", epoch=epoch, message=warning)
-        rec = {"epoch": epoch, "step": trainer.step_count, "train_loss": loss_total[0] / max(loss_total[1], 1),
+        rec = {"epoch": epoch, "step": trainer.step_count, "train_loss": epoch_loss(*loss_total),
                "lr": lr, "epoch_s": epoch_s, "phases_s": phases, **wait}
         if cfg.train.eval_every and (epoch + 1) % cfg.train.eval_every == 0:
             with busy(watchdog, "evaluation"):
@@ -372,22 +374,29 @@ def train(job: Job, ckpt: Checkpointer, stop: StopSignal, resumed, log: MetricsL
 
 def _stop_if_nonfinite(job: Job, ckpt: Checkpointer, rec: dict, where: str) -> None:
     """A non-finite loss in ``rec`` ends the run (:mod:`~hpctrain.ops.finite`), after a checkpoint."""
-    keys = ("train_loss", "test_loss", "test_accuracy")
-    if all(math.isfinite(float(rec[k])) for k in keys if k in rec):
-        return
-    job.trainer.finish()
-    ckpt.save(job.trainer)
-    check_result(rec, "train" if not math.isfinite(float(rec.get("train_loss", 0.0))) else "test", keys, where,
-                 rec.get("test_nonfinite_sample", NO_SAMPLE))
+    split = "test" if math.isfinite(float(rec.get("train_loss", 0.0))) else "train"
+    try:
+        check_result(rec, split, ("train_loss", "test_loss", "test_accuracy"), where,
+                     rec.get("test_nonfinite_sample", NO_SAMPLE))
+    except NonFiniteResult:
+        ckpt.save(job.trainer)                            # the weights are kept (ckpt.save finishes the update)
+        raise
 
 
-def collapse_watch(job: Job) -> CollapseWatch | None:
+def collapse_watch(job: Job, resumed: bool) -> CollapseWatch | None:
     """The collapse check of ``train.collapse_steps`` (None when 0, or for a single class): chance is
-    ln(classes)."""
+    ln(classes). Resumed, it starts from the run's history (:func:`~hpctrain.ops.collapse.learned_before`)."""
     steps, classes = job.cfg.train.collapse_steps, job.loader.shards.index.num_classes
     if not steps or classes < 2:
         return None
-    return CollapseWatch(job.topo.comm, CollapseRule(chance_loss(classes), steps=steps))
+    watch = CollapseWatch(job.topo.comm, CollapseRule(chance_loss(classes), steps=steps))
+    if resumed:
+        history = learned_before(read_records(job.cfg.run.run_dir), watch.detector.rule) \
+            if job.topo.rank == 0 else None
+        history = job.topo.comm.bcast(history, root=0)
+        if history is not None:
+            watch.detector.arm(*history)
+    return watch
 
 
 def check_collapse(job: Job, watch: CollapseWatch, log: MetricsLog) -> None:

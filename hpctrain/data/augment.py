@@ -173,10 +173,9 @@ class Augment:
         return f"Augment({self.kind!r}, flip={self.flip})"
 
 
-def generator_for(seed: int, epoch: int, rank: int, step: int | None = None) -> torch.Generator:
-    """The augmentation stream of ``rank`` in ``epoch`` (offset 2 keeps it apart from the shuffle);
-    with ``step``, that of the epoch's batch ``step`` alone (what training uses: see the module
-    docstring)."""
-    key = [seed, epoch, 1 + rank, 2] + ([] if step is None else [step])
+def generator_for(seed: int, epoch: int, rank: int, step: int) -> torch.Generator:
+    """The augmentation stream of ``rank``'s batch ``step`` in ``epoch`` alone (offset 2 keeps it
+    apart from the shuffle; see the module docstring)."""
+    key = [seed, epoch, 1 + rank, 2, step]
     state = np.random.SeedSequence(key).generate_state(1, np.uint64)[0]
     return torch.Generator().manual_seed(int(state) & ((1 << 63) - 1))

@@ -15,6 +15,10 @@ non-finite guard never fires and the run would end "done" at chance accuracy. Th
 * collapsed: back at chance for ``steps`` consecutive steps. Dropping below the threshold again
   (a spike the run recovered from) resets the count.
 
+A resumed run is judged with its history: a checkpoint written while the run was dying holds a
+dead network whose loss never falls again, so the detector starts *learned* when an earlier leg's
+epoch loss in ``metrics.jsonl`` was below the threshold (:func:`learned_before`).
+
 The verdict names the step of the lowest smoothed loss before the climb (where the run turned)
 and the first step back at chance. :class:`CollapseDetector` is pure (no MPI, no torch): the job
 feeds it the rank-averaged losses, so every rank reaches the same verdict at the same step.
@@ -26,7 +30,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 __all__ = ["CollapseRule", "Collapse", "CollapseDetector", "detect_collapse", "chance_loss", "at_chance",
-           "explain", "ON_COLLAPSE"]
+           "explain", "learned_before", "ON_COLLAPSE"]
 
 ON_COLLAPSE = ("stop", "warn")     # train.on_collapse: end the job (status 6) or print the line and go on
 
@@ -83,6 +87,10 @@ class CollapseDetector:
         self.learned = False
         self.since, self.count = -1, 0                    # the current run of steps at chance
 
+    def arm(self, lowest_loss: float, lowest_step: int) -> None:
+        """Start as a run that has learned (a resume: :func:`learned_before`)."""
+        self.learned, self.lowest, self.lowest_step = True, lowest_loss, lowest_step
+
     def feed(self, first_step: int, losses: Iterable[float]) -> Collapse | None:
         """Take the losses of steps ``first_step, first_step + 1, ...``; the verdict or None."""
         verdict = None
@@ -110,6 +118,17 @@ class CollapseDetector:
             return None
         return Collapse(turned_step=self.lowest_step, lowest_loss=self.lowest, chance_since=self.since, step=step,
                         smoothed_loss=self.ema, chance=r.chance)
+
+
+def learned_before(records: Iterable[dict], rule: CollapseRule) -> tuple[float, int] | None:
+    """(lowest epoch training loss, its step) of the earlier legs' ``epoch`` records, if it was at
+    or below the rule's *learned* threshold; else None."""
+    best: tuple[float, int] | None = None
+    for rec in records:
+        loss = rec.get("train_loss") if rec.get("event") == "epoch" else None
+        if isinstance(loss, (int, float)) and math.isfinite(loss) and (best is None or loss < best[0]):
+            best = (float(loss), int(rec.get("step", -1)))
+    return best if best is not None and best[0] <= rule.learned_below * rule.chance else None
 
 
 def detect_collapse(losses: Iterable[float], rule: CollapseRule, first_step: int = 0) -> Collapse | None:

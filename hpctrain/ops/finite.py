@@ -3,8 +3,9 @@
 The per-step guard (:mod:`hpctrain.update.guard`) stops a run whose loss or gradient is
 non-finite while it trains, unless a loss scaler skips the step. What it cannot see: a test split
 holding a NaN or inf sample (data converted with ``--allow-nonfinite``) gives a NaN test loss
-with every weight finite, and an epoch's mean training loss can be non-finite although each step
-was skipped or survived. Such a number must not end a run "done" with status 0: the job stops
+with every weight finite. A step a loss scaler skipped may have a non-finite loss; such steps are
+left out of the epoch's mean training loss (:func:`add_step_loss`), which is non-finite only when
+every step of the epoch was (:func:`epoch_loss`). Such a number must not end a run "done" with status 0: the job stops
 with :class:`NonFiniteResult` (status 2, the status of a non-finite step; ``state.json`` says
 ``failed`` with the same line, so ``hpctrain status`` agrees), naming the split, the metric and,
 where known, the first sample whose loss is non-finite. The checkpoint of the work is written
@@ -23,6 +24,21 @@ NO_SAMPLE = 1 << 62        # "no non-finite sample" in the MIN allreduce of firs
 
 class NonFiniteResult(UserError):
     """A metric the run would report is NaN or infinite (every rank raises it together)."""
+
+
+def add_step_loss(acc: torch.Tensor, loss: torch.Tensor) -> None:
+    """Add one step's loss to ``acc`` = [sum of the finite step losses, their count], on the
+    loss's device (no host sync)."""
+    finite = torch.isfinite(loss)
+    acc += torch.stack((torch.where(finite, loss.to(acc.dtype), 0.0), finite.to(acc.dtype)))
+
+
+def epoch_loss(loss_sum: float, n_finite: float, n_steps: float) -> float:
+    """The mean training loss of an epoch over the steps whose loss was finite (summed over the
+    ranks); NaN when there were steps and none was finite; 0 for an epoch with no step here."""
+    if n_finite:
+        return loss_sum / n_finite
+    return math.nan if n_steps else 0.0
 
 
 def first_nonfinite(per_sample_loss: torch.Tensor, first_index: int) -> int:

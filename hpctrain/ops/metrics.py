@@ -35,6 +35,24 @@ class MetricsLog:
             self._fh = None
 
 
+def read_records(run_dir: str) -> list[dict]:
+    """The records of ``RUN_DIR/metrics.jsonl`` so far (none if it is missing); a line that is not
+    a JSON object (a leg killed mid-write) is left out, not an error: this is history, read at a resume."""
+    out = []
+    try:
+        with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
+            for line in fh:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(rec, dict):
+                    out.append(rec)
+    except OSError:
+        pass
+    return out
+
+
 def gpu_time(wall_s: float, world_size: int, epochs: float) -> dict:
     """Seed 000's "actual average single-GPU training time" (docs/operations.md): wall × ranks, per epoch."""
     total = wall_s * world_size

@@ -30,7 +30,7 @@ def _kind(mode: int) -> str:
                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
         if test(mode):
             return name
-    return "not a regular file"
+    return "a file" if stat.S_ISREG(mode) else "not a regular file"
 
 
 def _writable_dir(directory: str) -> str | None:

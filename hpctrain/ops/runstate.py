@@ -55,7 +55,7 @@ def describe(run_dir: str, since: float | None = None) -> tuple[str, int]:
     if holder is not None:
         return f"running: {holder}", 1
     st = read(run_dir)
-    if st is not None and since is not None and st.get("unix_time", 0) < since:
+    if since is not None and (st is None or st.get("unix_time", 0) < since):    # none, or an earlier job's
         when = datetime.datetime.fromtimestamp(since, datetime.UTC)
         return (f"failed: no job recorded a state in {run_dir} since {when:%Y-%m-%d %H:%M:%S UTC} "
                 f"(the job ended before taking the run directory; see its output)"), UNRECORDED

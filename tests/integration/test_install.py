@@ -21,7 +21,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 INSTALLED = {"torch": "2.5.0", "mpi4py": "4.1.0"}
 AVAILABLE = {"torch": "2.13.0", "mpi4py": "4.1.2", "numpy": "2.0.0", "h5py": "3.10.0",
-             "scikit-learn": "1.3.0", "tqdm": "4.66.0", "matplotlib": "3.8.0", "pillow": "10.0.0", "xxhash": "3.0.0"}
+             "scikit-learn": "1.3.0", "tqdm": "4.66.0", "matplotlib": "3.8.0", "pillow": "10.0.0", "xxhash": "3.0.0",
+             "simplejpeg": "1.8.0"}
 
 
 def fake_wheel(out_dir, name: str, version: str) -> str:

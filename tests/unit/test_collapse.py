@@ -143,3 +143,20 @@ def test_a_collapse_is_recorded_as_collapsed_and_read_back_as_status_6(tmp_path)
     assert code == 6 == TrainingCollapsed.exit_status and line.startswith("collapsed: training collapsed: the loss")
     exit_(ValueError, ValueError("x"), None)                      # anything else is still "failed", status 2
     assert runstate.describe(str(tmp_path))[1] == 2
+
+
+def test_a_resumed_dead_network_is_still_caught():
+    """A checkpoint written while the run was dying holds a network that never learns again: fresh,
+    the rule would never fire (it must learn first); armed from the run's history it does."""
+    from hpctrain.ops.collapse import learned_before
+    rule = CollapseRule(chance_loss(10), steps=20)
+    history = [{"event": "epoch", "step": 50, "train_loss": 2.1}, {"event": "epoch", "step": 100, "train_loss": 0.4},
+               {"event": "collapsed", "step": 130}, {"event": "epoch", "step": 150, "train_loss": float("nan")}]
+    dead = [math.log(10)] * 60
+    assert detect_collapse(dead, rule, first_step=150) is None                 # fresh: never learned
+    armed = CollapseDetector(rule)
+    armed.arm(*learned_before(history, rule))
+    verdict = armed.feed(150, dead)
+    assert verdict is not None and verdict.turned_step == 100 and verdict.chance_since == 150
+    assert learned_before(history[:1], rule) is None                          # never below 0.5 ln C
+    assert learned_before([], rule) is None

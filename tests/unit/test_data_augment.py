@@ -65,10 +65,10 @@ def test_rrc_boxes_inside_image_with_area_and_ratio():
 def test_augment_reproducible_and_random(kind, h):
     x = batch(b=16, h=h, w=h)
     aug = Augment(kind)
-    a = aug(x, generator_for(0, 1, 0))
-    assert a.shape == x.shape and torch.equal(a, aug(x, generator_for(0, 1, 0)))
-    assert not torch.equal(a, aug(x, generator_for(0, 2, 0)))          # another epoch: other crops
-    assert not torch.equal(a, aug(x, generator_for(0, 1, 1)))          # another rank: other crops
+    a = aug(x, generator_for(0, 1, 0, 0))
+    assert a.shape == x.shape and torch.equal(a, aug(x, generator_for(0, 1, 0, 0)))
+    assert not torch.equal(a, aug(x, generator_for(0, 2, 0, 0)))          # another epoch: other crops
+    assert not torch.equal(a, aug(x, generator_for(0, 1, 1, 0)))          # another rank: other crops
     assert Augment("auto").resolve(h) == ("padcrop" if h <= 64 else "rrc")
 
 

@@ -23,3 +23,15 @@ def test_finite_results_pass_and_non_finite_ones_name_split_metric_and_sample():
                                               r"\(train_loss inf\); not reported as done"):
         check_result({"train_loss": math.inf}, "train", ("train_loss",), "after epoch 2")
     assert NonFiniteResult.agreed                # every rank raises it together: status 2, one line
+
+
+def test_an_epochs_loss_leaves_out_the_steps_a_scaler_skipped():
+    """A loss scaler skips a step whose loss overflowed: that step must not make the epoch's mean
+    non-finite (which would end the run), only an epoch with no finite step does."""
+    from hpctrain.ops.finite import add_step_loss, epoch_loss
+    acc = torch.zeros(2)
+    for loss in (2.0, math.inf, 4.0, math.nan):
+        add_step_loss(acc, torch.tensor(loss))
+    assert acc.tolist() == [6.0, 2.0]
+    assert epoch_loss(*acc.tolist(), 4) == 3.0
+    assert math.isnan(epoch_loss(0.0, 0.0, 3)) and epoch_loss(0.0, 0.0, 0) == 0.0

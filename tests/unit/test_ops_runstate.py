@@ -59,6 +59,14 @@ def test_a_state_older_than_the_job_is_not_its_own(tmp_path):
     assert code == 5 and line.startswith(f"failed: no job recorded a state in {tmp_path} since "), line
 
 
+def test_a_first_job_that_died_before_taking_the_run_directory_is_unrecorded(tmp_path):
+    """The batch scripts make the run directory before launching: a first job that never took it
+    (MPI start-up failure) is 5 with --since, as the table says, not the user error 2."""
+    line, code = runstate.describe(str(tmp_path), since=time.time())
+    assert code == 5 and line.startswith(f"failed: no job recorded a state in {tmp_path} since "), line
+    assert runstate.describe(str(tmp_path))[1] == 2                 # without --since: nothing to say
+
+
 def test_wait_outlasts_a_holder_that_is_still_exiting(tmp_path):
     """A launcher may return before its aborted ranks have exited (MPICH's Hydra after MPI_Abort):
     ``--wait`` asks again while the lock is held, so the batch scripts read the recorded end."""

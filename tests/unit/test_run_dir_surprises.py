@@ -27,7 +27,7 @@ def test_something_else_in_place_of_a_file_is_named(tmp_path, name, make, needle
 
 def test_checkpoints_that_is_a_file_is_named(tmp_path):
     (tmp_path / "checkpoints").write_text("x")
-    assert "checkpoints is not a regular file, not a directory" in run_dir_problem(str(tmp_path),
+    assert "checkpoints is a file, not a directory" in run_dir_problem(str(tmp_path),
                                                                                     str(tmp_path / "checkpoints"))
 
 
