@@ -92,6 +92,13 @@ def judge(sigs: list[Sig], refuse_joined: Callable[[Sig, tuple], str | None] = l
     active = [(r, s) for r, s in enumerate(sigs) if s.kind != "join"]
     if not active:
         return Verdict(joined=joined)
+    # A rank's own argument problem first: it often also makes the calls differ (a 0-d tensor
+    # where the others pass 1-d), and it is the cause to report (ValueError, as Horovod's).
+    bad = [(r, s) for r, s in active if s.problem]
+    if bad:
+        rs = [r for r, s in bad if s.problem == bad[0][1].problem]
+        return Verdict(error=f"hpctrain.horovod: {bad[0][1].describe()}: {bad[0][1].problem} "
+                             f"(on {_ranks(rs)})", joined=joined, error_kind="argument")
     groups: dict[tuple, list[int]] = {}
     for r, s in active:
         groups.setdefault(s.key(), []).append(r)
@@ -100,11 +107,6 @@ def judge(sigs: list[Sig], refuse_joined: Callable[[Sig, tuple], str | None] = l
         what = "; ".join(f"{_ranks(rs)}: {by_rank[rs[0]].describe()}" for rs in groups.values())
         return Verdict(error=f"hpctrain.horovod: ranks called different collectives ({what}); "
                              "every rank must make the same calls in the same order", joined=joined)
-    bad = [(r, s) for r, s in active if s.problem]
-    if bad:
-        rs = [r for r, s in bad if s.problem == bad[0][1].problem]
-        return Verdict(error=f"hpctrain.horovod: {bad[0][1].describe()}: {bad[0][1].problem} "
-                             f"(on {_ranks(rs)})", joined=joined, error_kind="argument")
     sig = active[0][1]
     if joined:
         why = refuse_joined(sig, joined)
