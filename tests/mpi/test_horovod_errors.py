@@ -140,6 +140,20 @@ def test_a_joined_rank_refuses_all_but_reductions(kind):
     goes_on()
 
 
+def test_automatic_names_still_agree_after_an_error_caught_while_a_rank_had_joined():
+    """The active ranks' unnamed call fails (its name was counted on them); the joined rank's
+    counter follows, so the next unnamed call after everyone joined agrees."""
+    rank, size = world()
+    if size == 1:
+        pytest.skip("needs a rank that has not joined")
+    if rank != 0:
+        with pytest.raises(ValueError, match="at least one dimension"):
+            hvd.reducescatter(torch.tensor(1.0))
+    assert hvd.join() == size - 1
+    assert hvd.allreduce(torch.ones(2), op=hvd.Sum).tolist() == [size] * 2
+    goes_on()
+
+
 def test_a_mismatch_inside_a_process_set_raises_on_its_members_only(sets):
     """Each half disagrees within itself (its last member differs) while the whole job agrees."""
     rank, size = world()
