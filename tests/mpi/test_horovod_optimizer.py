@@ -269,6 +269,24 @@ def test_broadcast_optimizer_state_through_distributed_optimizer():
         opt.close()
 
 
+def test_broadcast_optimizer_state_after_a_backward_pass_keeps_the_weights_identical():
+    """Each rank ran its own backward pass before the fresh optimizer's state is created: as in
+    Horovod, the creating step uses zero gradients (left zero afterwards), so no rank moves its
+    weights by its own gradient; a frozen parameter keeps ``grad=None``."""
+    rank, size = world()
+    torch.manual_seed(3)
+    model = torch.nn.Linear(4, 3)
+    model.bias.requires_grad_(False)
+    before = model.weight.detach().clone()
+    model(torch.full((2, 4), rank + 1.0)).pow(2).sum().backward()
+    assert model.weight.grad.abs().sum() > 0
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    weights = hvd.allgather_object(model.weight.detach())
+    assert all(torch.equal(w, before) for w in weights), "a rank stepped with its own gradient"
+    assert torch.equal(model.weight.grad, torch.zeros_like(model.weight)) and model.bias.grad is None
+
+
 # --- SyncBatchNorm -------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-12), (torch.float32, 2e-5)], ids=str)
 @pytest.mark.parametrize("shape, bn", [((3,), torch.nn.BatchNorm1d), ((3, 5), torch.nn.BatchNorm1d),

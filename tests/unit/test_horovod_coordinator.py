@@ -77,6 +77,14 @@ def test_a_problem_with_one_ranks_arguments_is_an_argument_error_for_all():
                        "of this job (on ranks 1,2)")
 
 
+def test_an_argument_problem_wins_over_calls_that_also_differ():
+    """A 0-d tensor on one rank also makes its shape differ: the problem is the error reported."""
+    ok = Sig("reducescatter", "r", "float32", (2,), op="Sum")
+    bad = Sig("reducescatter", "r", "float32", (), op="Sum", problem="needs a tensor of at least one dimension")
+    v = judge([ok, ok, bad])
+    assert v.error_kind == "argument" and "(on rank 2)" in v.error and "different" not in v.error
+
+
 def test_agree_raises_the_verdict_on_the_caller():
     from hpctrain.horovod.torch.errors import CollectiveArgumentError
     coord = co.Coordinator.__new__(co.Coordinator)

@@ -72,13 +72,16 @@ class Sig(NamedTuple):
 class Verdict(NamedTuple):
     """Rank 0's answer: ``error`` (one line) or the collective to run (``sig``: what the active
     ranks submitted, for joined ranks to mirror), the joined ranks, every rank's ``extra``
-    where the collective needs it, and ``last_joined`` once every rank has joined."""
+    where the collective needs it, and ``last_joined`` once every rank has joined. An error
+    verdict also carries the active ranks' ``names``: they counted their automatic names, and a
+    joined rank's counter must follow."""
     error: str | None = None
     sig: Sig | None = None
     error_kind: str = "mismatch"        # or "argument" (a ValueError)
     joined: tuple = ()
     extras: tuple = ()
     last_joined: int = -1
+    names: tuple = ()
 
 
 def _ranks(rs) -> str:
@@ -92,6 +95,14 @@ def judge(sigs: list[Sig], refuse_joined: Callable[[Sig, tuple], str | None] = l
     active = [(r, s) for r, s in enumerate(sigs) if s.kind != "join"]
     if not active:
         return Verdict(joined=joined)
+    # A rank's own argument problem first: it often also makes the calls differ (a 0-d tensor
+    # where the others pass 1-d), and it is the cause to report (ValueError, as Horovod's).
+    names = tuple(s.name for _, s in active) if joined else ()
+    bad = [(r, s) for r, s in active if s.problem]
+    if bad:
+        rs = [r for r, s in bad if s.problem == bad[0][1].problem]
+        return Verdict(error=f"hpctrain.horovod: {bad[0][1].describe()}: {bad[0][1].problem} "
+                             f"(on {_ranks(rs)})", joined=joined, error_kind="argument", names=names)
     groups: dict[tuple, list[int]] = {}
     for r, s in active:
         groups.setdefault(s.key(), []).append(r)
@@ -99,12 +110,8 @@ def judge(sigs: list[Sig], refuse_joined: Callable[[Sig, tuple], str | None] = l
         by_rank = {r: s for r, s in active}
         what = "; ".join(f"{_ranks(rs)}: {by_rank[rs[0]].describe()}" for rs in groups.values())
         return Verdict(error=f"hpctrain.horovod: ranks called different collectives ({what}); "
-                             "every rank must make the same calls in the same order", joined=joined)
-    bad = [(r, s) for r, s in active if s.problem]
-    if bad:
-        rs = [r for r, s in bad if s.problem == bad[0][1].problem]
-        return Verdict(error=f"hpctrain.horovod: {bad[0][1].describe()}: {bad[0][1].problem} "
-                             f"(on {_ranks(rs)})", joined=joined, error_kind="argument")
+                             "every rank must make the same calls in the same order", joined=joined,
+                       names=names)
     sig = active[0][1]
     if joined:
         why = refuse_joined(sig, joined)

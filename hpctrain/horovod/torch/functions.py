@@ -60,11 +60,13 @@ def _cpu(value):
 
 
 def _create_state(optimizer) -> None:
-    """Horovod's first step of a fresh optimizer: zero gradients where a parameter needs one,
-    one step of the wrapped optimizer (never the distributed one: no reduction)."""
+    """Horovod's first step of a fresh optimizer: a zero gradient on every parameter that needs
+    one (replacing any gradient a backward pass left: a step with this rank's own gradient would
+    move its weights alone), one step of the wrapped optimizer (never the distributed one: no
+    reduction). As in Horovod the gradients stay zero afterwards."""
     for group in optimizer.param_groups:
         for p in group["params"]:
-            if p.requires_grad and p.grad is None:
+            if p.requires_grad:
                 p.grad = torch.zeros_like(p)
                 if isinstance(optimizer, torch.optim.SparseAdam):
                     p.grad = p.grad.to_sparse()

@@ -135,10 +135,8 @@ def _grouped_reducescatter_async(tensors, name, op, prescale, postscale, process
     tensors = list(tensors)
     for t in tensors:
         B.check(t)
-        problem = reducescatter_problem(t, op)
-        if problem:
-            raise ValueError(f"hpctrain.horovod: {problem}")
-    _, agreed = agree_on(ps, "grouped_reducescatter", name, op=op, **_group_fields(tensors))
+    problem = next((p for p in (reducescatter_problem(t, op) for t in tensors) if p), "")
+    _, agreed = agree_on(ps, "grouped_reducescatter", name, op=op, problem=problem, **_group_fields(tensors))
     return post(ps, "grouped_reducescatter", agreed, name, lambda: _joined(
         [C.post_reducescatter(ps.comm, t, op, prescale, postscale) for t in tensors]))
 

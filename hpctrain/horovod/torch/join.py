@@ -34,8 +34,8 @@ def join(device=-1) -> int:
         verdict = ps.agree(Sig("join", "join"))
         if verdict.last_joined >= 0:
             return verdict.last_joined
-        if verdict.sig is not None:
-            _follow_auto_name(verdict.sig)
+        for name in verdict.names or ((verdict.sig.name,) if verdict.sig is not None else ()):
+            _follow_auto_name(name)
         if verdict.error is None:             # else the others raise theirs; this rank waits on
             _mirror(verdict)
 
@@ -56,13 +56,14 @@ def _mirror(verdict) -> None:
         state().optimizers[sig.name].mirror_round()
 
 
-def _follow_auto_name(sig) -> None:
-    """A joined rank does not make the unnamed calls the others make: advance its counter past
-    theirs, so automatic names (``allreduce.noname.N``) still agree once every rank has joined."""
-    prefix = f"{sig.kind}.noname."
-    if sig.name.startswith(prefix) and sig.name[len(prefix):].isdigit():
+def _follow_auto_name(name: str) -> None:
+    """A joined rank does not make the unnamed calls the others make (failed ones included):
+    advance its counter past theirs, so automatic names (``allreduce.noname.N``) still agree once
+    every rank has joined."""
+    _, sep, number = name.rpartition(".noname.")
+    if sep and number.isdigit():
         counters = global_process_set.counters
-        counters["noname"] = max(counters.get("noname", 0), int(sig.name[len(prefix):]) + 1)
+        counters["noname"] = max(counters.get("noname", 0), int(number) + 1)
 
 
 def refuse_joined(sig: Sig, joined: tuple) -> str | None:

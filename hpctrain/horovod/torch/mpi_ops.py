@@ -258,6 +258,8 @@ def alltoall(tensor, splits=None, name=None,
 
 # --- reducescatter ---------------------------------------------------------------------------
 def reducescatter_problem(tensor, op) -> str:
+    """What is wrong with this rank's reducescatter arguments ("" if nothing); agreed, so a
+    problem on one rank raises the same ValueError on every rank."""
     if op not in (Average, Sum):
         return "reducescatter supports op=Average and op=Sum"
     if tensor.dim() == 0:
@@ -268,10 +270,8 @@ def reducescatter_problem(tensor, op) -> str:
 def _reducescatter_async(tensor, name, op, prescale, postscale, process_set) -> int:
     ps = resolve(process_set)
     B.check(tensor)
-    problem = reducescatter_problem(tensor, op)
-    if problem:
-        raise ValueError(f"hpctrain.horovod: {problem}")
-    _, agreed = agree_on(ps, "reducescatter", name, tensor, op)
+    # Agreed, not raised here: a rank that raised alone would leave the others in the agreement.
+    _, agreed = agree_on(ps, "reducescatter", name, tensor, op, problem=reducescatter_problem(tensor, op))
     return post(ps, "reducescatter", agreed, name,
                 lambda: C.post_reducescatter(ps.comm, tensor, op, prescale, postscale))
 
