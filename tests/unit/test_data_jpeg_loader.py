@@ -135,9 +135,19 @@ def test_a_worker_that_fails_ends_the_epoch_with_one_line(shards, monkeypatch):
 
 
 def test_default_workers_from_affinity():
-    assert default_workers(local_size=4, affinity=32, host_cores=32) == 8      # unbound: shared
-    assert default_workers(local_size=4, affinity=6, host_cores=32) == 6       # bound: its own cores
-    assert default_workers(local_size=8, affinity=2, host_cores=2) == 1        # never none
+    node = set(range(32))
+    assert default_workers(node, [node] * 4) == 8                               # unbound / one cpuset: shared
+    assert default_workers(node, [node] * 4, node_reader=True) == 32           # the node reader decodes for all
+    socket0, socket1 = set(range(16)), set(range(16, 32))
+    assert default_workers(socket0, [socket0, socket0, socket1, socket1]) == 8  # bound by socket: 2 per socket
+    own = [set(range(6 * r, 6 * r + 6)) for r in range(4)]
+    assert default_workers(own[1], own) == 6                                    # disjoint: its own cores
+    # overlapping: rank 1 shares cores with ranks 0 and 2, not with rank 3
+    lap = [set(range(0, 8)), set(range(6, 14)), set(range(12, 20)), set(range(24, 32))]
+    assert default_workers(lap[1], lap) == 8 // 3
+    assert default_workers(lap[3], lap) == 8
+    assert default_workers({0, 1}, [{0, 1}] * 8) == 1                           # never none
+    assert default_workers(set(range(200)), [set(range(200))]) == 64            # at most MAX_WORKERS
     assert resolve_workers(3) == 3 and resolve_workers(0) >= 1
     with pytest.raises(ValueError, match="data.workers -1"):
         resolve_workers(-1)
