@@ -81,7 +81,7 @@ def train_loader(index: ShardIndex, topo, *, batch_size: int, seed: int = 0, blo
     masks = topo.intra.allgather(sorted(mine))        # collective on every rank, whatever workers says
     n_workers = resolve_workers(workers, mine, masks, node_reader=reader == "node" and topo.local_rank == 0)
     check_loader_memory(index, batch_size=batch_size, shuffle_window=shuffle_window, prefetch=prefetch,
-                        local_size=getattr(topo, "local_size", 1))   # before anything is opened or allocated
+                        local_size=getattr(topo, "local_size", 1), split=split)   # before anything is opened or allocated
     if reader == "node":
         shards, node_comm = _node_reader_shards(index, split, topo, hdf5_driver, verify), topo.intra
     else:
