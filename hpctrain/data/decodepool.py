@@ -29,7 +29,14 @@ from hpctrain.data import crops, decoders
 from hpctrain.errors import LocalUserError
 
 MAX_WORKERS = 64
-UNDECODABLE = (ValueError, OSError, SyntaxError, EOFError)   # what the backends raise on a bad file
+try:
+    from PIL.Image import DecompressionBombError
+except ImportError:                      # Pillow missing: simplejpeg decodes, nothing raises this
+    class DecompressionBombError(Exception):  # type: ignore[no-redef]
+        pass
+# What the backends raise on a bad file: a corrupt body, Pillow's refusal of a decompression bomb,
+# or a header claiming an image too large to allocate. The data's fault (status 2), not a bug.
+UNDECODABLE = (ValueError, OSError, SyntaxError, EOFError, DecompressionBombError, MemoryError)
 
 
 class DecodeWorkerError(LocalUserError):

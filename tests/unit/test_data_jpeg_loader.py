@@ -176,3 +176,19 @@ def test_fitted_shards_decode_as_before_on_the_pool(tmp_path):
     got = torch.cat([b for b, _ in eval_batches(s, rank=0, size=1, batch_size=4, workers=2)])
     blobs, _ = s.read_range(0, 10)
     assert torch.equal(got, eval_prep(s)(decode_batch(blobs, (3, 16, 16))))
+
+
+@pytest.mark.parametrize("exc", ["bomb", "memory"])
+def test_a_decompression_bomb_or_a_huge_image_is_bad_data_not_a_bug(shards, blobs, monkeypatch, exc):
+    from PIL.Image import DecompressionBombError
+    raised = DecompressionBombError("too many pixels") if exc == "bomb" else MemoryError()
+    real = decoders.decode_crop
+
+    def bomb(blob, crop, *a):
+        if bytes(decoders._bytes(blob)) == blobs[BAD]:
+            raise raised
+        return real(blob, crop, *a)
+    monkeypatch.setattr(decoders, "decode_crop", bomb)
+    with pytest.raises(ShardError, match=rf"sample \d+ \(global {BAD}\): JPEG does not decode \({type(raised).__name__}"):
+        for _ in eval_batches(ShardSet(read_index(shards), "train"), rank=0, size=1, batch_size=8, workers=2):
+            pass
