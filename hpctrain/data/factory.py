@@ -11,6 +11,7 @@ Evaluation splits are read by every rank.
 from __future__ import annotations
 
 from hpctrain.config.values import matching_options
+from hpctrain.data import gpudecode
 from hpctrain.data.augment import KINDS, Augment
 from hpctrain.data.decodepool import affinity, resolve_workers
 from hpctrain.data.hdf5 import DRIVERS
@@ -77,6 +78,8 @@ def train_loader(index: ShardIndex, topo, *, batch_size: int, seed: int = 0, blo
     _check("hdf5_driver", hdf5_driver, DRIVERS)
     _check("augment_kind", augment_kind, KINDS)
     _check("decode", decode, DECODES)
+    if index.encoding == "jpeg":      # data.decode=gpu that cannot work: one line before any shard is opened
+        gpudecode.resolve(decode, raw=raw, whole=index.stored == "whole", node=reader == "node")
     mine = affinity()
     masks = topo.intra.allgather(sorted(mine))        # collective on every rank, whatever workers says
     n_workers = resolve_workers(workers, mine, masks, node_reader=reader == "node" and topo.local_rank == 0)

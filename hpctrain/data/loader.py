@@ -260,8 +260,10 @@ class ShardLoader:
 
     def _batches(self, epoch: int, skip: int, augment: bool):
         prep = None if self.raw else self._prep(epoch, augment, skip)
-        # JPEG with nothing after the normalisation: the decode workers normalise (same bits, in parallel)
-        in_workers = prep is not None and prep.transform is None and self.jpeg is not None and not self.node
+        # JPEG decoded on the host with nothing after the normalisation: the decode workers normalise
+        # (same bits, in parallel); batches decoded on the device are normalised there, by ``prep``
+        in_workers = (prep is not None and prep.transform is None and self.jpeg is not None
+                      and self.jpeg.on_device is None and not self.node)
         source = self.node.batches(epoch, skip) if self.node else self.decoded_batches(
             epoch, skip, augment=augment, normalize=prep.normalize if in_workers and prep else None)
         for x, y in source:
