@@ -5,7 +5,7 @@ The boxes are the CPU path's: :meth:`CropDecoder.plan` (image sizes from the JPE
 host, boxes from :mod:`crops` seeded by sample position) — the one seam both paths share, so a CPU
 test checks that this path cuts the same boxes (:func:`crop_resize` runs on any device; the test
 injects a Pillow decode in place of nvJPEG through :data:`DEVICE_DECODE`). Each box is rounded to
-whole pixels on the device (the CPU path resamples fractional evaluation boxes exactly), then
+whole pixels on the device (as the CPU path rounds it: :func:`crops.whole_pixels`), then
 resized with torch's antialiased bilinear interpolation (what Pillow's filter does) and mirrored.
 
 torchvision is imported on first use only: it does not import beside this project's CPU torch.

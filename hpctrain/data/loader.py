@@ -1,10 +1,12 @@
 """Per-rank batches from a :class:`ShardSet`: contiguous reads, in-memory window shuffle, prefetch.
 
-Training: each epoch the rank reads its runs from :func:`plan.rank_runs` as long slices, shuffles
-within a window of ``shuffle_window`` samples (generator seeded by ``(seed, epoch, rank)``: the
-named per-rank offset), and yields exactly ``steps`` batches of ``batch_size`` samples, so every
-rank takes the same number of steps. One background thread does everything per batch — HDF5
-reads, window shuffle, JPEG decoding, normalisation, augmentation — and keeps ``prefetch``
+Training: each epoch the rank reads its runs, computed lazily a chunk at a time
+(:func:`plan.iter_rank_runs`), as long slices, shuffles within a window of ``shuffle_window``
+samples (generator seeded by ``(seed, epoch, rank)``: the named per-rank offset), and yields
+exactly ``steps`` batches of ``batch_size`` samples, so every rank takes the same number of
+steps. One background thread does everything per batch — HDF5 reads, window shuffle,
+normalisation, augmentation — except JPEG decoding, which it hands to the rank's decode pool
+(:mod:`jpegstream`, :mod:`decodepool`: a batch ahead, crops cut at decode), and keeps ``prefetch``
 finished batches queued; the training thread only waits when that thread falls behind, and
 :attr:`ShardLoader.stats` records how long (``wait_s``), so the data-wait share of a step is
 measured, not guessed.
