@@ -82,9 +82,10 @@ def train_loader(index: ShardIndex, topo, *, batch_size: int, seed: int = 0, blo
         gpudecode.resolve(decode, raw=raw, whole=index.stored == "whole", node=reader == "node")
     mine = affinity()
     masks = topo.intra.allgather(sorted(mine))        # collective on every rank, whatever workers says
-    n_workers = resolve_workers(workers, mine, masks, node_reader=reader == "node" and topo.local_rank == 0)
+    node_reader = reader == "node" and topo.local_rank == 0     # decodes for the whole node
+    n_workers = resolve_workers(workers, mine, masks, node_reader=node_reader)
     check_loader_memory(index, batch_size=batch_size, shuffle_window=shuffle_window, prefetch=prefetch,
-                        local_size=getattr(topo, "local_size", 1), split=split)   # before anything is opened or allocated
+                        local_size=getattr(topo, "local_size", 1), split=split)   # before anything is opened
     if reader == "node":
         shards, node_comm = _node_reader_shards(index, split, topo, hdf5_driver, verify), topo.intra
     else:

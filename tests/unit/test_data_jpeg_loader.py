@@ -189,6 +189,7 @@ def test_a_decompression_bomb_or_a_huge_image_is_bad_data_not_a_bug(shards, blob
             raise raised
         return real(blob, crop, *a)
     monkeypatch.setattr(decoders, "decode_crop", bomb)
-    with pytest.raises(ShardError, match=rf"sample \d+ \(global {BAD}\): JPEG does not decode \({type(raised).__name__}"):
+    name = type(raised).__name__
+    with pytest.raises(ShardError, match=rf"sample \d+ \(global {BAD}\): JPEG does not decode \({name}"):
         for _ in eval_batches(ShardSet(read_index(shards), "train"), rank=0, size=1, batch_size=8, workers=2):
             pass
