@@ -93,9 +93,9 @@ class _Planner:
     """The CPU plan's stand-in: every box the whole 4 x 4 image, no flip."""
     shape = (1, 4, 4)
 
-    def plan(self, blobs, train, **kw):
+    def plan(self, data, train, **kw):
         from hpctrain.data.crops import Crop
-        return None, [Crop(0, 0, 4, 4)] * len(blobs)
+        return None, [Crop(0, 0, 4, 4)] * len(data)
 
 
 def test_a_corrupt_body_on_the_device_names_its_sample_and_grey_is_libjpegs_luma(monkeypatch):
