@@ -193,3 +193,19 @@ def test_a_decompression_bomb_or_a_huge_image_is_bad_data_not_a_bug(shards, blob
     with pytest.raises(ShardError, match=rf"sample \d+ \(global {BAD}\): JPEG does not decode \({name}"):
         for _ in eval_batches(ShardSet(read_index(shards), "train"), rank=0, size=1, batch_size=8, workers=2):
             pass
+
+
+def test_evaluation_reuses_a_given_pool_and_leaves_it_open(shards, monkeypatch):
+    from hpctrain.data import decodepool
+    made = []
+    real_init = decodepool.DecodePool.__init__
+    monkeypatch.setattr(decodepool.DecodePool, "__init__", lambda self, w: (made.append(self), real_init(self, w))[1])
+    s = ShardSet(read_index(shards), "train")
+    want = [x for x, _ in eval_batches(s, rank=0, size=1, batch_size=8, workers=2)]
+    assert len(made) == 1 and made[0]._ex is None                     # its own pool, closed at the end
+    pool = decodepool.DecodePool(2)
+    got = [x for x, _ in eval_batches(s, rank=0, size=1, batch_size=8, pool=pool)]
+    assert len(made) == 2 and pool._ex is not None                    # no pool made; the caller's left open
+    assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
+    pool.close()
+    s.close()
