@@ -184,9 +184,9 @@ def evaluate(job: Job, batch_size: int = 256) -> dict:
     correct = loss_sum = count = 0.0
     first_bad, pos = NO_SAMPLE, block_range(job.test_set.num_samples, topo.size, topo.rank)[0]
     # every rank scores the same model: the update in flight done, rank 0's BN statistics
-    workers = job.loader.jpeg.workers if job.loader.jpeg else 1          # JPEG: the training loader's decode pool size
+    pool = job.loader.jpeg.pool if job.loader.jpeg else None            # JPEG: the training loader's decode pool
     batches = eval_batches(job.test_set, rank=topo.rank, size=topo.size, batch_size=batch_size, raw=job.raw,
-                           workers=workers)
+                           pool=pool)
     prep = eval_prep(job.test_set) if job.raw else None
     with job.trainer.evaluation() as model, torch.no_grad():
         for x, y in device_batches(batches, job.device, prep):

@@ -93,6 +93,7 @@ def contenders(args, shard_dir: str, blobs: list) -> dict:
         def ours(k=k, raw=False):
             ld = ShardLoader(ShardSet(read_index(shard_dir), "train"), rank=0, size=1, batch_size=args.batch,
                              transform=Augment("rrc"), workers=k, raw=raw)
+            ld.owns_shards = True             # close() closes the shard files too: one ShardSet per round
             try:
                 return _timed(_epochs(ld.epoch), args.batches, args.batch)
             finally:

@@ -26,7 +26,9 @@ import numpy as np
 
 EVAL_CROP_FRACTION = 0.875           # 224 / 256, the ImageNet evaluation recipe
 RRC_TRIES = 10
-STREAM_CROPS = 3                      # seed-sequence offset of the crop stream (0: plan, 1: shuffle, 2: augment)
+# The crop key is [seed, epoch, 1 + rank, STREAM_CROPS, position]; the other streams' keys: block plan
+# [seed, epoch], window shuffle [seed, epoch, 1 + rank], augmentation [seed, epoch, 1 + rank, 2, step].
+STREAM_CROPS = 3
 
 
 class Crop(NamedTuple):

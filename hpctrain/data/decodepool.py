@@ -6,9 +6,11 @@ parallel without pickling a batch across processes. Threads cannot be killed; a 
 raises ends the job with one line (:class:`DecodeWorkerError`), never a hang.
 
 The pool size (``data.workers``; 0 = :func:`default_workers`) comes from the cores this rank may
-use: its CPU affinity (``os.sched_getaffinity``). A launcher that binds ranks gives each rank its
-own cores (fewer than the host has): all of them are the rank's. Unbound, every rank sees the whole
-node: the cores are shared among the node's local ranks.
+use: its CPU affinity (``os.sched_getaffinity``), shared with every rank of its node whose
+affinity overlaps it (the masks are allgathered over the node: ``factory.train_loader``). A rank
+bound to its own cores keeps all of them; ranks bound to one socket or NUMA domain, or sharing one
+cpuset, or unbound, divide their cores by how many of them there are. The node reader
+(``data.reader = node``) decodes for the whole node, so it keeps all its cores.
 
 Each sample's crop is a pure function of ``(seed, epoch, rank, position)`` (:mod:`crops`) and each
 worker writes only its own samples' rows of the output, so a batch is bit-identical for any number
@@ -27,7 +29,14 @@ from hpctrain.data import crops, decoders
 from hpctrain.errors import LocalUserError
 
 MAX_WORKERS = 64
-UNDECODABLE = (ValueError, OSError, SyntaxError, EOFError)   # what the backends raise on a bad file
+try:
+    from PIL.Image import DecompressionBombError
+except ImportError:                      # Pillow missing: simplejpeg decodes, nothing raises this
+    class DecompressionBombError(Exception):  # type: ignore[no-redef]
+        pass
+# What the backends raise on a bad file: a corrupt body, Pillow's refusal of a decompression bomb,
+# or a header claiming an image too large to allocate. The data's fault (status 2), not a bug.
+UNDECODABLE = (ValueError, OSError, SyntaxError, EOFError, DecompressionBombError, MemoryError)
 
 
 class DecodeWorkerError(LocalUserError):
@@ -42,20 +51,27 @@ class SampleError(Exception):
         self.k, self.exc = k, exc
 
 
-def default_workers(local_size: int = 1, affinity: int | None = None, host_cores: int | None = None) -> int:
-    """Decode workers for one rank (module docstring): bound ranks use their cores, unbound ranks
-    share the node's among ``local_size``."""
-    cores = affinity if affinity is not None else len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-        else (os.cpu_count() or 1)
-    host = host_cores if host_cores is not None else (os.cpu_count() or cores)
-    share = cores if cores < host else cores // max(local_size, 1)
-    return max(1, min(MAX_WORKERS, share))
+def affinity() -> set[int]:
+    """The cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return set(os.sched_getaffinity(0))
+    return set(range(os.cpu_count() or 1))
 
 
-def resolve_workers(workers: int, local_size: int = 1) -> int:
+def default_workers(mine: set[int] | None = None, node_masks: list | None = None, node_reader: bool = False) -> int:
+    """Decode workers for one rank (module docstring): its cores ``mine`` divided by the number
+    of the node's ranks whose mask (``node_masks``, this rank's included) intersects it; the node
+    reader divides by 1. At least 1, at most :data:`MAX_WORKERS`."""
+    mine = set(affinity() if mine is None else mine)
+    sharers = 1 if node_reader or not node_masks else sum(1 for m in node_masks if mine & set(m))
+    return max(1, min(MAX_WORKERS, len(mine) // max(sharers, 1)))
+
+
+def resolve_workers(workers: int, mine: set[int] | None = None, node_masks: list | None = None,
+                    node_reader: bool = False) -> int:
     if workers < 0:
         raise ValueError(f"data.workers {workers}: must be 0 (auto) or a positive count")
-    return default_workers(local_size) if workers == 0 else min(workers, MAX_WORKERS)
+    return default_workers(mine, node_masks, node_reader) if workers == 0 else min(workers, MAX_WORKERS)
 
 
 class DecodePool:

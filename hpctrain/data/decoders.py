@@ -52,7 +52,7 @@ def resolve(backend: str = "auto") -> str:
         return "simplejpeg" if simplejpeg_module() is not None else "pil"
     if backend == "simplejpeg" and simplejpeg_module() is None:
         from hpctrain.errors import MissingPackageError
-        raise MissingPackageError("the simplejpeg JPEG backend needs simplejpeg: pip install 'hpctrain[jpeg]'")
+        raise MissingPackageError("the simplejpeg JPEG backend needs simplejpeg: pip install simplejpeg")
     return backend
 
 

@@ -11,8 +11,9 @@ Evaluation splits are read by every rank.
 from __future__ import annotations
 
 from hpctrain.config.values import matching_options
+from hpctrain.data import gpudecode
 from hpctrain.data.augment import KINDS, Augment
-from hpctrain.data.decodepool import resolve_workers
+from hpctrain.data.decodepool import affinity, resolve_workers
 from hpctrain.data.hdf5 import DRIVERS
 from hpctrain.data.loader import ShardLoader
 from hpctrain.data.memory import check_loader_memory
@@ -66,7 +67,8 @@ def train_loader(index: ShardIndex, topo, *, batch_size: int, seed: int = 0, blo
     the job asks for them when it trains on a GPU.
 
     ``workers``: JPEG decode threads (0: :func:`decodepool.default_workers` for this rank, from its
-    CPU affinity and ``topo.local_size``). ``decode``: where JPEG batches are decoded (``auto``:
+    CPU affinity and those of the node's ranks, allgathered over ``topo.intra``; the node reader
+    keeps all its cores). ``decode``: where JPEG batches are decoded (``auto``:
     on the GPU when ``raw`` batches go to CUDA and torchvision imports; :mod:`gpudecode`).
 
     ``loader.close()`` stops its threads, frees the node window and closes the shards (all
@@ -76,9 +78,14 @@ def train_loader(index: ShardIndex, topo, *, batch_size: int, seed: int = 0, blo
     _check("hdf5_driver", hdf5_driver, DRIVERS)
     _check("augment_kind", augment_kind, KINDS)
     _check("decode", decode, DECODES)
-    n_workers = resolve_workers(workers, topo.local_size)
+    if index.encoding == "jpeg":      # data.decode=gpu that cannot work: one line before any shard is opened
+        gpudecode.resolve(decode, raw=raw, whole=index.stored == "whole", node=reader == "node")
+    mine = affinity()
+    masks = topo.intra.allgather(sorted(mine))        # collective on every rank, whatever workers says
+    node_reader = reader == "node" and topo.local_rank == 0     # decodes for the whole node
+    n_workers = resolve_workers(workers, mine, masks, node_reader=node_reader)
     check_loader_memory(index, batch_size=batch_size, shuffle_window=shuffle_window, prefetch=prefetch,
-                        local_size=getattr(topo, "local_size", 1))   # before anything is opened or allocated
+                        local_size=getattr(topo, "local_size", 1), split=split)   # before anything is opened
     if reader == "node":
         shards, node_comm = _node_reader_shards(index, split, topo, hdf5_driver, verify), topo.intra
     else:

@@ -5,8 +5,11 @@ The boxes are the CPU path's: :meth:`CropDecoder.plan` (image sizes from the JPE
 host, boxes from :mod:`crops` seeded by sample position) — the one seam both paths share, so a CPU
 test checks that this path cuts the same boxes (:func:`crop_resize` runs on any device; the test
 injects a Pillow decode in place of nvJPEG through :data:`DEVICE_DECODE`). Each box is rounded to
-whole pixels on the device (the CPU path resamples fractional evaluation boxes exactly), then
+whole pixels on the device (as the CPU path rounds it: :func:`crops.whole_pixels`), then
 resized with torch's antialiased bilinear interpolation (what Pillow's filter does) and mirrored.
+A grey sample (C = 1) is the luma of the decoded RGB (0.299, 0.587, 0.114, libjpeg's weights). A
+batch nvJPEG refuses is decoded again one sample at a time to name the bad one (the loader's
+one-line error, status 2); tested here with a stand-in decoder, not nvJPEG.
 
 torchvision is imported on first use only: it does not import beside this project's CPU torch.
 What it would need on a GPU node: ``pip install torchvision`` matching the node's CUDA torch.
@@ -20,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from hpctrain.data.crops import whole_pixels
+from hpctrain.data.decodepool import SampleError
 from hpctrain.errors import MissingPackageError
 
 DEVICE_DECODE: Callable | None = None     # (list of uint8 byte tensors, device) -> list of (C, H, W) uint8
@@ -78,6 +82,9 @@ def crop_resize(images: list, boxes: list, out_h: int, out_w: int) -> torch.Tens
     return torch.cat(out).round_().clamp_(0, 255).to(torch.uint8)
 
 
+LUMA = torch.tensor([0.299, 0.587, 0.114])      # ITU-R BT.601 weights, libjpeg's RGB -> grey
+
+
 class DeviceCropDecoder:
     """Batches of whole stored JPEGs decoded and cut on ``device`` with ``planner``'s boxes (a
     :class:`~hpctrain.data.decodepool.CropDecoder`: the CPU path's plan)."""
@@ -90,11 +97,29 @@ class DeviceCropDecoder:
         _, boxes = self.planner.plan(blobs, train, **kw)
         data = [torch.from_numpy(np.frombuffer(bytes(b) if not isinstance(b, bytes) else b, np.uint8).copy())
                 for b in blobs]
-        images = (DEVICE_DECODE or torchvision_decode)(data, self.device)
+        images = self._decode(data)
         c, h, w = self.shape
         x = crop_resize(images, boxes, h, w)
-        if c == 1:
-            x = x.float().mean(1, keepdim=True).round_().to(torch.uint8)
+        if c == 1:        # libjpeg's luma (Y of YCbCr), what the CPU path decodes a grey sample to
+            x = (x.float() * LUMA.to(x.device).view(1, 3, 1, 1)).sum(1, keepdim=True).round_().to(torch.uint8)
         if self.device.type == "cuda":      # handed to another thread: finished before it is queued
             torch.cuda.current_stream(self.device).synchronize()
         return x
+
+    def _decode(self, data: list) -> list:
+        """The batch decoded on the device; a body that does not decode (nvJPEG raises for the
+        whole batch) is found by decoding the samples one by one: :class:`SampleError` naming it."""
+        decode = DEVICE_DECODE or torchvision_decode
+        try:
+            return decode(data, self.device)
+        except MissingPackageError:
+            raise
+        except Exception as batch_exc:
+            for k, d in enumerate(data):
+                try:
+                    decode([d], self.device)
+                except MissingPackageError:
+                    raise
+                except Exception as exc:
+                    raise SampleError(k, exc) from None
+            raise batch_exc     # no sample fails alone: not the data's fault

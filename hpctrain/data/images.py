@@ -2,8 +2,9 @@
 
 ``fit`` is the evaluation-style transform of the ImageNet recipes (torchvision's
 ``Resize`` + ``CenterCrop``): scale so the image covers ``h × w``, then cut the centre. JPEG
-shards store encoded bytes; the loader decodes them with :func:`decode_batch` in its background
-thread, into the fixed ``sample_shape`` the index promises, before augmentation.
+shards store encoded bytes; for shards fitted to ``sample_shape`` (index ``jpeg.stored ==
+"fitted"``) the loader's decode pool decodes each with :func:`decode` (:class:`jpegstream.FittedDecoder`).
+Whole-image shards are cut at decode time instead (:mod:`decoders`, :mod:`crops`).
 """
 from __future__ import annotations
 

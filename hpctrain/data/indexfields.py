@@ -13,7 +13,9 @@ status 2), never a traceback or a run that trains on nonsense:
 * ``num_classes``: an integer in ``1..MAX_CLASSES`` (labels ``0..MAX_CLASSES-1``, as ``convert``);
   ``class_names``, when given, that many strings;
 * ``normalize``: ``mean`` and ``std`` lists of one finite real number per channel (the first side
-  of the sample shape), every ``std`` > 0 (a constant channel is written as 1 by ``convert``).
+  of the sample shape), every ``std`` > 0 (a constant channel is written as 1 by ``convert``);
+* ``encoding == "jpeg"``: ``dtype`` uint8 and ``sample_shape`` (C, H, W) with C 1 or 3 (what a
+  JPEG decodes to, and what the decoders write).
 
 The limits live here, in the library; ``data_tools`` imports them, so both sides agree.
 """
@@ -52,6 +54,9 @@ def field_problems(meta: dict) -> tuple[str, str] | None:
     if n_bytes > MAX_SAMPLE_BYTES:
         return "sample_shape", (f"{dt} {tuple(shape)} is {n_bytes / 2**20:,.0f} MiB a sample, over the limit of "
                                 f"{MAX_SAMPLE_BYTES >> 20} MiB")
+    jpeg = _jpeg_problem(dt, shape) if meta.get("encoding") == "jpeg" else None
+    if jpeg:
+        return jpeg
     k = meta.get("num_classes")
     if not (isinstance(k, int) and _is_int(k) and 1 <= k <= MAX_CLASSES):
         return "num_classes", f"is {k!r:.40}: need an integer in 1..{MAX_CLASSES:,}"
@@ -59,6 +64,14 @@ def field_problems(meta: dict) -> tuple[str, str] | None:
     if not (isinstance(names, list) and all(isinstance(n, str) for n in names) and len(names) in (0, k)):
         return "class_names", f"must be a list of {k} strings (one per class), got {names!r:.60}"
     return _normalize_problem(meta.get("normalize", {}), shape[0] if shape else 1)
+
+
+def _jpeg_problem(dt: np.dtype, shape: list) -> tuple[str, str] | None:
+    if dt != np.uint8:
+        return "dtype", f"is {dt}: a JPEG index decodes to uint8"
+    if len(shape) != 3 or shape[0] not in (1, 3):
+        return "sample_shape", f"is {shape!r:.60}: a JPEG index needs (C, H, W) with C 1 (grey) or 3 (RGB)"
+    return None
 
 
 def _normalize_problem(norm, channels: int) -> tuple[str, str] | None:

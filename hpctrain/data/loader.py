@@ -1,10 +1,12 @@
 """Per-rank batches from a :class:`ShardSet`: contiguous reads, in-memory window shuffle, prefetch.
 
-Training: each epoch the rank reads its runs from :func:`plan.rank_runs` as long slices, shuffles
-within a window of ``shuffle_window`` samples (generator seeded by ``(seed, epoch, rank)``: the
-named per-rank offset), and yields exactly ``steps`` batches of ``batch_size`` samples, so every
-rank takes the same number of steps. One background thread does everything per batch — HDF5
-reads, window shuffle, JPEG decoding, normalisation, augmentation — and keeps ``prefetch``
+Training: each epoch the rank reads its runs, computed lazily a chunk at a time
+(:func:`plan.iter_rank_runs`), as long slices, shuffles within a window of ``shuffle_window``
+samples (generator seeded by ``(seed, epoch, rank)``: the named per-rank offset), and yields
+exactly ``steps`` batches of ``batch_size`` samples, so every rank takes the same number of
+steps. One background thread does everything per batch — HDF5 reads, window shuffle,
+normalisation, augmentation — except JPEG decoding, which it hands to the rank's decode pool
+(:mod:`jpegstream`, :mod:`decodepool`: a batch ahead, crops cut at decode), and keeps ``prefetch``
 finished batches queued; the training thread only waits when that thread falls behind, and
 :attr:`ShardLoader.stats` records how long (``wait_s``), so the data-wait share of a step is
 measured, not guessed.
@@ -260,8 +262,10 @@ class ShardLoader:
 
     def _batches(self, epoch: int, skip: int, augment: bool):
         prep = None if self.raw else self._prep(epoch, augment, skip)
-        # JPEG with nothing after the normalisation: the decode workers normalise (same bits, in parallel)
-        in_workers = prep is not None and prep.transform is None and self.jpeg is not None and not self.node
+        # JPEG decoded on the host with nothing after the normalisation: the decode workers normalise
+        # (same bits, in parallel); batches decoded on the device are normalised there, by ``prep``
+        in_workers = (prep is not None and prep.transform is None and self.jpeg is not None
+                      and self.jpeg.on_device is None and not self.node)
         source = self.node.batches(epoch, skip) if self.node else self.decoded_batches(
             epoch, skip, augment=augment, normalize=prep.normalize if in_workers and prep else None)
         for x, y in source:
@@ -338,8 +342,11 @@ class ShardLoader:
 
 
 def eval_batches(shards: ShardSet, *, rank: int, size: int, batch_size: int,
-                 raw: bool = False, workers: int = 1) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+                 raw: bool = False, workers: int = 1, pool=None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """This rank's contiguous share of an evaluation split, in order; last batch may be short.
+
+    JPEG shards decode on ``pool`` (a :class:`~hpctrain.data.decodepool.DecodePool` the caller
+    owns and keeps open, e.g. the training loader's), else on a pool of ``workers`` made here.
 
     With ``raw`` the samples come as stored, pinned when CUDA is available, for
     :func:`eval_prep` on the device they are copied to."""
@@ -347,7 +354,7 @@ def eval_batches(shards: ShardSet, *, rank: int, size: int, batch_size: int,
     pin = raw and torch.cuda.is_available()
     prep = eval_prep(shards)
     lo, hi = plan.block_range(shards.num_samples, size, rank)
-    decode, pool = eval_decoder(shards, workers) if idx.encoding == "jpeg" else (None, None)
+    decode, own = eval_decoder(shards, workers, pool) if idx.encoding == "jpeg" else (None, None)
     try:
         for s in range(lo, hi, batch_size):
             x, y = shards.read_range(s, min(hi, s + batch_size))
@@ -355,8 +362,8 @@ def eval_batches(shards: ShardSet, *, rank: int, size: int, batch_size: int,
                 x = decode(x, s)
             yield (host_tensor(x, pin), host_tensor(y, pin)) if raw else (prep(x), torch.from_numpy(y))
     finally:
-        if pool is not None:
-            pool.close()
+        if own is not None:
+            own.close()
 
 
 def eval_prep(shards: ShardSet) -> BatchPrep:
@@ -364,12 +371,14 @@ def eval_prep(shards: ShardSet) -> BatchPrep:
     return BatchPrep(Normalize.of(shards.index))
 
 
-def eval_decoder(shards: ShardSet, workers: int = 1):
-    """``(decode, pool)``: ``decode(blobs, first_global_id)`` for evaluation: the centre crop (whole-image shards) or
-    the fitted decode, on ``workers`` threads; a bad file is a ShardError naming its sample."""
+def eval_decoder(shards: ShardSet, workers: int = 1, pool=None):
+    """``(decode, own)``: ``decode(blobs, first_global_id)`` for evaluation: the centre crop (whole-image shards) or
+    the fitted decode, on ``pool`` (else on a new pool of ``workers`` threads, returned as ``own`` for the caller
+    to close; None when ``pool`` was given); a bad file is a ShardError naming its sample."""
     from hpctrain.data.decodepool import CropDecoder, DecodePool, SampleError
     from hpctrain.data.jpegstream import FittedDecoder, sample_name
-    idx, pool = shards.index, DecodePool(workers)
+    idx, own = shards.index, None if pool is not None else DecodePool(workers)
+    pool = pool if pool is not None else own
     cls = CropDecoder if idx.stored == "whole" else FittedDecoder
     decoder = cls(tuple(idx.sample_shape), pool, "auto" if idx.stored == "whole" else "pil")
 
@@ -378,4 +387,4 @@ def eval_decoder(shards: ShardSet, workers: int = 1):
             return decoder.decode(blobs, False)
         except SampleError as exc:
             raise ShardError(f"{sample_name(shards, first + exc.k)}: JPEG does not decode ({exc})") from None
-    return decode, pool
+    return decode, own

@@ -7,6 +7,10 @@ from the config and the index's sample shape. A window too large for the node us
 the option, at start-up, before any of it is allocated. The limit is half of the memory the
 kernel says is available (``MemAvailable``) shared by the ranks of the node: the other half is
 the model's, the HDF5 caches' and the page cache's.
+
+JPEG shards hold encoded bytes in the window: a sample is sized as the split's shard files' bytes
+over its samples (the index's ``blocks.file_bytes``, else the file's size), and the decode pool's
+batches in flight (``prefetch`` + 2 + its lookahead, decoded ``sample_shape``) are counted too.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import numpy as np
 from hpctrain.errors import ConfigError
 
 SHARE = 0.5            # of the memory available to the node's ranks
+BLOB_OVERHEAD = 48     # a window slot's bytes object and its pointer, beyond the encoded bytes
 
 
 def available_bytes() -> int | None:
@@ -35,26 +40,50 @@ def available_bytes() -> int | None:
         return None
 
 
-def loader_bytes(sample_shape, dtype: str, *, batch_size: int, shuffle_window: int, prefetch: int) -> int:
-    """Bytes a training loader holds: the window buffers and the prefetched float32 batches."""
+def loader_bytes(sample_shape, dtype: str, *, batch_size: int, shuffle_window: int, prefetch: int,
+                 stored_bytes: float | None = None) -> int:
+    """Bytes a training loader holds: the window buffers and the prefetched float32 batches.
+    ``stored_bytes``: JPEG shards' encoded bytes per sample; the window holds those, and the decode
+    pool's in-flight batches of decoded ``sample_shape`` are added."""
     n = math.prod(int(d) for d in sample_shape)
     window = max(shuffle_window, batch_size)
-    return 2 * window * (n * np.dtype(dtype).itemsize + 8) + (prefetch + 1) * batch_size * (n * 4 + 8)
+    prefetched = (prefetch + 1) * batch_size * (n * 4 + 8)
+    if stored_bytes is None:
+        return 2 * window * (n * np.dtype(dtype).itemsize + 8) + prefetched
+    from hpctrain.data.jpegstream import LOOKAHEAD
+    in_flight = (prefetch + 2 + LOOKAHEAD) * batch_size * n * np.dtype(dtype).itemsize
+    return 2 * window * (math.ceil(stored_bytes) + BLOB_OVERHEAD + 8) + prefetched + in_flight
+
+
+def jpeg_bytes_per_sample(index, split: str = "train") -> float | None:
+    """Encoded bytes per sample of ``split``'s shard files (None: not known, e.g. a file missing)."""
+    try:
+        sp = index.splits[split]
+        total = 0
+        for e in sp["shards"]:
+            fb = (e.get("blocks") or {}).get("file_bytes")
+            total += int(fb) if fb is not None else os.path.getsize(os.path.join(index.directory, e["file"]))
+        return total / max(int(sp["num_samples"]), 1)
+    except (KeyError, TypeError, ValueError, OSError):
+        return None
 
 
 def check_loader_memory(index, *, batch_size: int, shuffle_window: int, prefetch: int, local_size: int = 1,
-                        available: int | None = None) -> None:
+                        available: int | None = None, split: str = "train") -> None:
     """Raise :class:`ConfigError` naming ``data.shuffle_window`` (or ``train.batch_size``) if the
     loader would take more than its share of the node's available memory."""
     avail = available_bytes() if available is None else available
     if not avail:
         return
+    stored = jpeg_bytes_per_sample(index, split) if getattr(index, "encoding", "raw") == "jpeg" else None
     need = loader_bytes(index.sample_shape, index.dtype, batch_size=batch_size, shuffle_window=shuffle_window,
-                        prefetch=prefetch)
+                        prefetch=prefetch, stored_bytes=stored)
     share = int(avail * SHARE / max(local_size, 1))
     if need > share:
+        what = (f"{index.dtype} {tuple(index.sample_shape)}" if stored is None else
+                f"JPEG (~{stored / 1024:,.0f} KiB each, decoded to {tuple(index.sample_shape)})")
         key = "data.shuffle_window" if shuffle_window >= batch_size else "train.batch_size"
         raise ConfigError(f"config {key}: a window of {max(shuffle_window, batch_size):,} samples of "
-                          f"{index.dtype} {tuple(index.sample_shape)} takes {need / 2**30:,.2f} GiB per rank, over "
+                          f"{what} takes {need / 2**30:,.2f} GiB per rank, over "
                           f"{SHARE:.0%} of the memory available to each of the node's {local_size} rank(s) "
                           f"({share / 2**30:,.2f} GiB); choose a smaller value")

@@ -1,4 +1,4 @@
-"""``bench input``'s arithmetic and its GIL check (the timed rows need minutes: run the bench)."""
+"""``bench input``'s arithmetic, its GIL check and its rounds' cleanup (the timed rows need minutes: run the bench)."""
 import time
 
 from hpctrain.bench import input as bench
@@ -20,3 +20,21 @@ def test_ratios_are_medians_of_per_round_ratios():
     assert rows[("hpctrain", 2)]["x_dataloader"] == 1.8 and rows[("hpctrain", 1)]["img_per_cpu_s"] == 200
     table = bench.format_table(list(rows.values()), 2600)
     assert "| hpctrain | 2 | 180 | 1.80 | 1.80 |" in table
+
+
+def test_each_round_closes_its_shard_files(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from hpctrain.bench.input import contenders
+    from hpctrain.bench.input_data import photos
+    from hpctrain.data.shards import ShardSet
+    from tests.unit.test_data_jpeg_loader import write_jpeg_shards
+    blobs = photos(12, seed=1, size=(40, 48))
+    d = write_jpeg_shards(tmp_path, blobs)
+    opened, closed = [], []
+    real_init, real_close = ShardSet.__init__, ShardSet.close
+    monkeypatch.setattr(ShardSet, "__init__", lambda self, *a, **k: (opened.append(self), real_init(self, *a, **k))[1])
+    monkeypatch.setattr(ShardSet, "close", lambda self: (closed.append(self), real_close(self))[1])
+    rounds = contenders(SimpleNamespace(workers=[1], batch=4, batches=1, size=32), d, blobs)
+    rounds[("hpctrain", 1)]()
+    assert len(opened) == 1 and closed[:1] == opened

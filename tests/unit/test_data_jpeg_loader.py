@@ -135,9 +135,19 @@ def test_a_worker_that_fails_ends_the_epoch_with_one_line(shards, monkeypatch):
 
 
 def test_default_workers_from_affinity():
-    assert default_workers(local_size=4, affinity=32, host_cores=32) == 8      # unbound: shared
-    assert default_workers(local_size=4, affinity=6, host_cores=32) == 6       # bound: its own cores
-    assert default_workers(local_size=8, affinity=2, host_cores=2) == 1        # never none
+    node = set(range(32))
+    assert default_workers(node, [node] * 4) == 8                               # unbound / one cpuset: shared
+    assert default_workers(node, [node] * 4, node_reader=True) == 32           # the node reader decodes for all
+    socket0, socket1 = set(range(16)), set(range(16, 32))
+    assert default_workers(socket0, [socket0, socket0, socket1, socket1]) == 8  # bound by socket: 2 per socket
+    own = [set(range(6 * r, 6 * r + 6)) for r in range(4)]
+    assert default_workers(own[1], own) == 6                                    # disjoint: its own cores
+    # overlapping: rank 1 shares cores with ranks 0 and 2, not with rank 3
+    lap = [set(range(0, 8)), set(range(6, 14)), set(range(12, 20)), set(range(24, 32))]
+    assert default_workers(lap[1], lap) == 8 // 3
+    assert default_workers(lap[3], lap) == 8
+    assert default_workers({0, 1}, [{0, 1}] * 8) == 1                           # never none
+    assert default_workers(set(range(200)), [set(range(200))]) == 64            # at most MAX_WORKERS
     assert resolve_workers(3) == 3 and resolve_workers(0) >= 1
     with pytest.raises(ValueError, match="data.workers -1"):
         resolve_workers(-1)
@@ -166,3 +176,36 @@ def test_fitted_shards_decode_as_before_on_the_pool(tmp_path):
     got = torch.cat([b for b, _ in eval_batches(s, rank=0, size=1, batch_size=4, workers=2)])
     blobs, _ = s.read_range(0, 10)
     assert torch.equal(got, eval_prep(s)(decode_batch(blobs, (3, 16, 16))))
+
+
+@pytest.mark.parametrize("exc", ["bomb", "memory"])
+def test_a_decompression_bomb_or_a_huge_image_is_bad_data_not_a_bug(shards, blobs, monkeypatch, exc):
+    from PIL.Image import DecompressionBombError
+    raised = DecompressionBombError("too many pixels") if exc == "bomb" else MemoryError()
+    real = decoders.decode_crop
+
+    def bomb(blob, crop, *a):
+        if bytes(decoders._bytes(blob)) == blobs[BAD]:
+            raise raised
+        return real(blob, crop, *a)
+    monkeypatch.setattr(decoders, "decode_crop", bomb)
+    name = type(raised).__name__
+    with pytest.raises(ShardError, match=rf"sample \d+ \(global {BAD}\): JPEG does not decode \({name}"):
+        for _ in eval_batches(ShardSet(read_index(shards), "train"), rank=0, size=1, batch_size=8, workers=2):
+            pass
+
+
+def test_evaluation_reuses_a_given_pool_and_leaves_it_open(shards, monkeypatch):
+    from hpctrain.data import decodepool
+    made = []
+    real_init = decodepool.DecodePool.__init__
+    monkeypatch.setattr(decodepool.DecodePool, "__init__", lambda self, w: (made.append(self), real_init(self, w))[1])
+    s = ShardSet(read_index(shards), "train")
+    want = [x for x, _ in eval_batches(s, rank=0, size=1, batch_size=8, workers=2)]
+    assert len(made) == 1 and made[0]._ex is None                     # its own pool, closed at the end
+    pool = decodepool.DecodePool(2)
+    got = [x for x, _ in eval_batches(s, rank=0, size=1, batch_size=8, pool=pool)]
+    assert len(made) == 2 and pool._ex is not None                    # no pool made; the caller's left open
+    assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
+    pool.close()
+    s.close()

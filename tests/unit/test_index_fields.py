@@ -23,6 +23,9 @@ def test_a_good_index_opens(tmp_path):
     idx = read_index(write(tmp_path))
     assert idx.num_classes == 10 and idx.sample_shape == (3, 4, 4)
     assert read_index(write(tmp_path, normalize=..., class_names=...)).normalize == {}
+    assert read_index(write(tmp_path, encoding="jpeg")).encoding == "jpeg"
+    assert read_index(write(tmp_path, encoding="jpeg", sample_shape=[1, 4, 4], normalize=...)).sample_shape == (1, 4, 4)
+    assert read_index(write(tmp_path, dtype="float32")).dtype == "float32"      # raw: any real type
 
 
 @pytest.mark.parametrize("changes, field", [
@@ -48,6 +51,10 @@ def test_a_good_index_opens(tmp_path):
     ({"normalize": {"mean": [0, 0, 0], "std": [1, 0, 1]}}, "normalize.std"),
     ({"normalize": {"mean": [0, 0, 0], "std": [1, -2, 1]}}, "normalize.std"),
     ({"normalize": [1, 2]}, "normalize"),
+    ({"encoding": "jpeg", "dtype": "float32"}, "dtype"),
+    ({"encoding": "jpeg", "sample_shape": [4, 4, 4], "normalize": ...}, "sample_shape"),
+    ({"encoding": "jpeg", "sample_shape": [4, 4], "normalize": ...}, "sample_shape"),
+    ({"encoding": "jpeg", "sample_shape": [2, 4, 4], "normalize": ...}, "sample_shape"),
 ])
 def test_a_wrong_field_is_one_line_naming_it(tmp_path, changes, field):
     with pytest.raises(ShardError, match=rf"index\.json: field '{field}' ") as err:

@@ -65,3 +65,26 @@ def test_threads_beyond_a_few_per_core_are_refused():
     cfg.train.threads = 1_000_000
     with pytest.raises(ConfigError, match=r"config train.threads: 1000000 threads per rank is more than 4 per core"):
         validate(cfg)
+
+
+def test_jpeg_window_is_sized_from_the_encoded_bytes_plus_the_decode_pool(tmp_path):
+    from types import SimpleNamespace
+
+    from hpctrain.data.jpegstream import LOOKAHEAD
+    from hpctrain.data.memory import BLOB_OVERHEAD, jpeg_bytes_per_sample
+    (tmp_path / "a.h5").write_bytes(b"\0" * 30_000)          # one file sized on disk, one from the index
+    shards = [{"file": "a.h5", "num_samples": 2}, {"file": "b.h5", "num_samples": 4, "blocks": {"file_bytes": 90_000}}]
+    idx = SimpleNamespace(directory=str(tmp_path), sample_shape=(3, 224, 224), dtype="uint8", encoding="jpeg",
+                          splits={"train": {"num_samples": 6, "shards": shards}})
+    assert jpeg_bytes_per_sample(idx) == 120_000 / 6
+    decoded, batch, window, prefetch = 3 * 224 * 224, 64, 100_000, 2
+    want = (2 * window * (20_000 + BLOB_OVERHEAD + 8) + (prefetch + 1) * batch * (decoded * 4 + 8)
+            + (prefetch + 2 + LOOKAHEAD) * batch * decoded)
+    assert loader_bytes(idx.sample_shape, "uint8", batch_size=batch, shuffle_window=window, prefetch=prefetch,
+                        stored_bytes=20_000) == want
+    # 100k decoded samples (~30 GiB) would be refused; 100k encoded ones (~4 GiB) fit in 16 GiB
+    check_loader_memory(idx, batch_size=batch, shuffle_window=window, prefetch=prefetch, available=16 << 30)
+    with pytest.raises(ConfigError, match=r"data.shuffle_window: .* JPEG \(~20 KiB each"):
+        check_loader_memory(idx, batch_size=batch, shuffle_window=window, prefetch=prefetch, available=6 << 30)
+    with pytest.raises(ConfigError):
+        check_loader_memory(Index(), batch_size=batch, shuffle_window=window, prefetch=prefetch, available=16 << 30)
