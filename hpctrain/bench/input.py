@@ -137,7 +137,7 @@ def _decode_rate(fn, blobs: list, n: int) -> tuple[float, float]:
     return n / wall, (time.thread_time() - c0) / wall
 
 
-def gil_ticks(fn, n: int = 40, interval_s: float = 1.0) -> float:
+def gil_ticks(fn, n: int = 10, interval_s: float = 0.3) -> float:
     """Main-thread loop iterations per millisecond spent inside ``fn`` running in another thread,
     with the interpreter's switch interval at ``interval_s`` (longer than the ``n`` calls take):
     the main thread then runs only while ``fn`` has released the GIL, so 0 means ``fn`` holds it,
@@ -234,7 +234,7 @@ def format_table(rows: list[dict], gpu_rate: float) -> str:
                      f"approximately NVIDIA's published A100 figure) needs about {math.ceil(gpu_rate / rate)} cores "
                      f"per GPU.")
     if gil:
-        lines.append("GIL released while running (main-thread ticks per ms inside the call, switch interval 1 s; "
+        lines.append("GIL released while running (main-thread ticks per ms inside the call, switch interval 0.3 s; "
                      "0 = holds it): " + ", ".join(f"{k} {v:.0f}" for k, v in gil.items()))
     return "\n".join(lines)
 
