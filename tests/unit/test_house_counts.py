@@ -1,6 +1,6 @@
 """scripts/house-counts (issue 39's before/after measures) on a tiny generated tree whose counts are
 known by construction: cycles hidden by a lazy and by a typing import, string references that climb
-(one to its own floor), a registered plugin whose name two files hold, a link into hpctrain/.
+(one to its own floor), an eager cycle, a registered plugin whose name two files hold, a link into hpctrain/.
 
 The scaffolding names are taken from the script, not written here, so that this file adds nothing
 to what the script counts in the real tests/."""
@@ -45,15 +45,16 @@ FILES = {
                                   'OPTIMIZERS = Registry("optim.name", "optimiser")\n\n\n'
                                   '@OPTIMIZERS.register("lars")\ndef _lars():\n    return CHOICES\n',
     "hpctrain/optim/recipe.py": 'def row(name):\n    return 1 if name == "lars" else 0\n\n\n' + f"{ALIAS} = row\n",
-    "hpctrain/data/__init__.py": "def convert():\n    import hpctrain.data_tools.convert\n    return hpctrain\n",
-    "hpctrain/bench/__init__.py": "\n\n",
+    "hpctrain/data/__init__.py": 'CFG = "hpctrain.config"\n\n\ndef convert():\n    import hpctrain.data_tools.convert\n'
+                                 "    return hpctrain\n",
+    "hpctrain/bench/__init__.py": "\nfrom hpctrain.tools import sim\n",
     "hpctrain/bench/strategies.py": "def register(cls):\n    return cls\n",
     "hpctrain/bench/a.py": DUP,
     "hpctrain/bench/b.py": DUP,
     "data_tools/__init__.py": "from hpctrain.data import convert\n",
     "data_tools/convert.py": "from . import convert\n",
     "kernels/__init__.py": "X = 1\n",
-    "hpctrain/tools/sim/__init__.py": "X = 1\n",
+    "hpctrain/tools/sim/__init__.py": "import hpctrain.bench\n",
     "tests/test_x.py": f"from hpctrain.optim.recipe import {ALIAS}\n",
     "tests/test_dup.py": DUP,
 }
@@ -96,11 +97,12 @@ def test_counts_of_a_known_tree(tree, monkeypatch):
     assert r["units"] == 11 and r["floors"] == 5
     assert r["by_floor"] == ("0: bench, data, errors, kernels, registry, tools; 1: config, data_tools; "
                              "2: optim; 3: job; 4: ty")
-    assert r["cycles"] == "2: (data, data_tools); (optim, registry)"
-    assert r["cycles_strings"] == "2: (config, errors, optim, registry); (data, data_tools)"
+    assert r["cycles"] == "3: (bench, tools); (data, data_tools); (optim, registry)"
+    assert r["cycles_strings"] == "3: (bench, tools); (config, errors, optim, registry); (data, data_tools)"
     assert r["lazy"] == "2: data→data_tools lazy, job→config lazy"
-    assert r["climbs"] == ("4: config→optim string, data→data_tools lazy, errors→registry string, "
-                           "registry→optim typing") and r["config_climbs"] == 1
+    assert r["climbs"] == ("7: bench→tools eager, config→optim string, data→data_tools lazy, data→config string, "
+                           "errors→registry string, registry→optim typing, tools→bench eager")
+    assert r["config_climbs"] == 2
     assert r["duplicates"].startswith("not usable")
 
 
@@ -112,7 +114,7 @@ def test_duplicate_pairs_within_the_library(tree):
 def test_main_prints_tables_and_refuses_a_root_without_hpctrain(tree, tmp_path_factory):
     env = {**os.environ, "PATH": ""}
     out = subprocess.run([sys.executable, SCRIPT, "--root", str(tree)], capture_output=True, text=True, env=env)
-    assert out.returncode == 0 and "| climbs | 4: " in out.stdout and "not a git checkout" in out.stdout
+    assert out.returncode == 0 and "| climbs | 7: " in out.stdout and "not a git checkout" in out.stdout
     empty = tmp_path_factory.mktemp("empty")
     out = subprocess.run([sys.executable, SCRIPT, "--root", str(empty)], capture_output=True, text=True, env=env)
     assert out.returncode == 2 and out.stderr.strip() == f"house-counts: {empty} has no hpctrain/ folder"
