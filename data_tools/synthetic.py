@@ -1,4 +1,5 @@
-"""Generated datasets the project was never tuned on (``study held-out``; built-in ``signal1d``, ``tabular``).
+"""Generated datasets the project was never tuned on (``study held-out``; built-in ``signal1d``,
+``tabular``, ``spirals``, ``pulses``).
 
 Both are made from a fixed seed by numpy (and scikit-learn), so every machine converts the same
 bytes; both are small enough that a 30-epoch run of their BN-free models takes seconds per rank.
@@ -11,6 +12,10 @@ bytes; both are small enough that a 30-epoch run of their BN-free models takes s
 - ``spirals``: 5 interleaved noisy spiral arms in the plane, one class each, embedded in 16
   features (the 2 coordinates, their products and squares, and 9 noise features). Stored (N, 16).
   Added after the recipe was fixed, and never used to choose any of its values.
+- ``pulses``: 1-D signals of 64 samples with 1-4 localised pulses, each a Gaussian bump or a
+  square step (8 classes = count x shape), one per randomly chosen quarter of the window, with
+  random position, width and height, on a drifting baseline with noise. Stored (N, 1, 64). Added
+  for issue 38 after LAMB's BN-free row was changed, and never used to choose a value.
 """
 from __future__ import annotations
 
@@ -75,3 +80,35 @@ def load_spirals(src: str | None, *, n_train: int = 16384, n_test: int = 4096, s
     x, y = make_spirals(n_train + n_test, seed)
     splits = {"train": (x[:n_train], y[:n_train]), "test": (x[n_train:], y[n_train:])}
     return from_arrays(splits, [f"arm{k}" for k in range(5)], "spirals")
+
+
+def make_pulses(n: int, seed: int, length: int = SIGNAL_LENGTH) -> tuple[np.ndarray, np.ndarray]:
+    """``(x (n, 1, length) float32, y (n,) int64)`` of the ``pulses`` dataset: class = 2 x (count - 1)
+    + shape (0 bump, 1 square)."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 8, n)
+    count, square = y // 2 + 1, (y % 2 == 1)[:, None]
+    t = np.arange(length, dtype=np.float64)[None, :]
+    x = np.zeros((n, length))
+    slots = np.argsort(rng.uniform(size=(n, 4)), axis=1)               # pulse k sits in a random quarter
+    quarter = length // 4
+    for k in range(4):                                                  # pulse k exists where count > k
+        centre = (slots[:, k:k + 1] * quarter + rng.uniform(0.25, 0.75, (n, 1)) * quarter)
+        width = rng.uniform(1.5, 3.5, (n, 1))
+        height = rng.uniform(0.7, 1.5, (n, 1)) * (count > k)[:, None]
+        bump = np.exp(-0.5 * ((t - centre) / width) ** 2)
+        step = (np.abs(t - centre) <= width).astype(np.float64)
+        x += height * np.where(square, step, bump)
+    offset, swing = rng.normal(0, 0.4, (n, 1)), rng.normal(0, 0.4, (n, 1))     # a slow baseline drift
+    drift = offset + swing * np.sin(2 * np.pi * (t / length + rng.uniform(0, 1, (n, 1))))
+    x += drift + rng.normal(0, 0.35, (n, length))
+    return x[:, None, :].astype(np.float32), y.astype(np.int64)
+
+
+@source("pulses")
+def load_pulses(src: str | None, *, n_train: int = 16384, n_test: int = 4096, seed: int = 0, **_) -> Source:
+    """Generated 1-D pulse trains, 8 classes (module docstring); ``src`` is ignored."""
+    x, y = make_pulses(n_train + n_test, seed)
+    splits = {"train": (x[:n_train], y[:n_train]), "test": (x[n_train:], y[n_train:])}
+    names = [f"{c}x{shape}" for c in range(1, 5) for shape in ("bump", "square")]
+    return from_arrays(splits, names, "pulses")

@@ -103,7 +103,7 @@ def setup(cfg: Config, comm: MPI.Comm, stack: contextlib.ExitStack, done=None) -
     model, optimizer, schedule = _agreed(comm, _model_and_optimizer, cfg, index, loader, device)
     done("build model", 0.0, 0.0)
     # collective, same verdict on every rank: names an odd rank out
-    _agreed(comm, check_consistency, topo.comm, model, cfg.to_dict(), software_versions())
+    _agreed(comm, check_consistency, topo.comm, model, cfg.to_dict(), software(device))
     done("start-up check", 0.0, 0.0)
     timer = StepTimer(clock=clock_for(device))     # CUDA events on a GPU (what the device spends)
     trainer = DistributedTrainer.from_config(model, optimizer, topo, cfg, schedule=schedule, timer=timer)
@@ -117,6 +117,15 @@ def raw_batches(device: torch.device) -> bool:
     bytes and the GPU does the arithmetic; on the CPU only when the tests ask (:mod:`hpctrain.testhooks`)
     (the same batches either way; the loader's thread does it, overlapped with the step)."""
     return device.type != "cpu" or device_batches_forced()
+
+
+def software(device: torch.device) -> dict:
+    """The versions every rank must share; on a GPU also the kernel path (CuPy's kernels on one
+    rank and torch's reference on another would round differently: the start-up check names it)."""
+    versions = software_versions()
+    if device.type == "cuda":
+        versions["kernels"] = kernels.backend()[0]
+    return versions
 
 
 def _agreed(comm: MPI.Comm, phase, *args):

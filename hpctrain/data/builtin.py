@@ -18,7 +18,7 @@ from hpctrain.config.values import is_plugin_spec
 from hpctrain.errors import UserError
 
 BUILTIN_DATASETS = {"digits": "digits-v1", "signal1d": "signal1d-v1", "tabular": "tabular-v1",
-                    "spirals": "spirals-v1"}
+                    "spirals": "spirals-v1", "pulses": "pulses-v1"}
 
 
 def resolve_dataset(dataset: str, cache_dir: str, comm: MPI.Comm) -> str:

@@ -59,6 +59,19 @@ def test_odd_config_and_software_against_the_majority(world):
 
 
 @pytest.mark.mpi(min_size=2)
+def test_a_rank_on_another_kernel_path_is_named(world, monkeypatch):
+    """On a GPU the job's software includes the kernel path: a rank whose CuPy failed (torch's
+    reference kernels) would round its fp16 packing differently, so the start-up check names it."""
+    from hpctrain import job, kernels
+    odd = world.Get_size() - 1
+    monkeypatch.setattr(kernels, "backend", lambda: ("cpu", "no CuPy") if world.Get_rank() == odd else ("cuda", "ok"))
+    assert "kernels" not in job.software(torch.device("cpu"))          # no probe off the GPU
+    with pytest.raises(ConsistencyError, match=rf"rank {odd} has 'version kernels = cpu' where the reference "
+                                               r"has 'version kernels = cuda'"):
+        check_consistency(world, model(), CFG, job.software(torch.device("cuda")))
+
+
+@pytest.mark.mpi(min_size=2)
 def test_rank_that_failed_earlier_meets_the_check_without_a_hang(world):
     """Rank 1 failed before the check and calls agree(); the others are in check_consistency."""
     error = None
