@@ -44,8 +44,8 @@ __all__ = ["Config", "ConfigError", "Range", "Option", "INF", "POSITIVE", "NON_N
 @dataclass
 class DataConfig:
     dataset: str = opt("digits", "'digits' (bundled scikit-learn digits), 'signal1d', 'tabular', 'spirals' or "
-                       "'pulses' (generated, data_tools/synthetic.py) or 'package.module:name' (a data-source plugin that needs no "
-                       "file), converted on first use, or a shard directory")
+                       "'pulses' (generated, data_tools/synthetic.py) or 'package.module:name' (a data-source "
+                       "plugin that needs no file), converted on first use, or a shard directory")
     cache_dir: str = opt("~/.cache/hpctrain", "where built-in datasets are converted to shards")
     block_size: int = opt(32, "samples per contiguous block in the per-epoch shuffle plan", range=POSITIVE)
     shuffle_window: int = opt(1024, "samples shuffled together in memory after contiguous reads",
