@@ -67,13 +67,6 @@ class Moments:
         return {"count": self.count, "sum": self.s.tolist(), "sumsq": self.ss.tolist()}
 
 
-def channel_stats(x: np.ndarray) -> dict:
-    """Per-channel mean/std of (N, C, ...) samples in raw units (float64 accumulation)."""
-    m = Moments(x.shape[1] if x.ndim > 1 else 1)
-    m.add(x if x.ndim > 1 else x[:, None])
-    return m.normalize()
-
-
 def shard_jobs(source: Source, n_shards: int) -> list[tuple[str, int, int, int, int]]:
     """``(split, i, n, lo, hi)`` for every shard of every split, in index order (:func:`shard_range`)."""
     jobs = []

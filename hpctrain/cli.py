@@ -96,12 +96,6 @@ def quiet_config(argv: list[str]) -> Config | None:
         return None
 
 
-def wanted_device(argv: list[str]) -> str | None:
-    """``train.device`` of these arguments, or None where they do not parse."""
-    cfg = quiet_config(argv)
-    return cfg.train.device if cfg is not None else None
-
-
 def refused_early(cfg) -> bool:
     """Before MPI and torch (seconds of imports, a minute on a busy node): whether another job
     holds this run's directory; launcher rank 0 prints the line. The job still takes the lock

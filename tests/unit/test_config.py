@@ -209,7 +209,9 @@ def test_out_of_range_numbers(argv, field):
 
 def test_fixed_loss_scale_in_range_is_accepted():
     for scale in ("1", "128", "16777216", "dynamic", "none"):
-        validate(config_from_args(["--set", f"precision.loss_scale={scale}", "--run-dir", "/nonexistent/run"]))
+        cfg = config_from_args(["--set", f"precision.loss_scale={scale}", "--run-dir", "/nonexistent/run"])
+        validate(cfg)                                         # raises ConfigError where it is refused
+        assert cfg.precision.loss_scale == scale              # kept as given, the bounds included
 
 
 CHOICES = [("comm.strategy", "hpctrain.comm", "STRATEGIES"),

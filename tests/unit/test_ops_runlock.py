@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 from mpi4py import MPI
@@ -41,10 +42,15 @@ def test_a_look_does_not_refuse_a_job_taking_the_lock(tmp_path):
     (tmp_path / LOCK_NAME).write_text("")
     look = os.open(tmp_path / LOCK_NAME, os.O_RDONLY)
     fcntl.flock(look, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    t0 = time.monotonic()
     threading.Timer(0.02, os.close, (look,)).start()
     lock = RunLock(str(tmp_path))
-    lock.acquire()
-    lock.release()
+    lock.acquire()                                             # RunDirBusy here is the bug
+    try:
+        assert time.monotonic() - t0 >= 0.02                  # it waited for the look to end ...
+        assert RunLock(str(tmp_path)).holder().startswith(f"pid {os.getpid()}")   # ... then held the lock
+    finally:
+        lock.release()
 
 
 def test_second_job_is_refused_before_mpi_and_torch_are_loaded(tmp_path):

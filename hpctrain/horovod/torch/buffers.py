@@ -8,14 +8,11 @@ Horovod's CPU path, which adds in fp16. Device tensors are staged through host m
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import ParamSpec, TypeVar
 
 import numpy as np
 import torch
 from mpi4py import MPI
 
-from hpctrain.horovod.torch.errors import HorovodInternalError
 
 Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5     # Horovod's ReduceOp values
 OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max", Product: "Product"}
@@ -99,16 +96,3 @@ def displacements(counts) -> list[int]:
     return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64).tolist()
 
 
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-def wrap_mpi_error(fn: Callable[P, R]) -> Callable[P, R]:
-    """MPI errors surface as Horovod's :class:`HorovodInternalError`."""
-    def call(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            return fn(*args, **kwargs)
-        except MPI.Exception as e:
-            raise HorovodInternalError(str(e)) from e
-    call.__name__, call.__doc__ = fn.__name__, fn.__doc__
-    return call
