@@ -16,11 +16,10 @@ _EXPORTS = {
     "Topology": "hpctrain.topology",
     "LARS": "hpctrain.optim", "LAMB": "hpctrain.optim", "make_optimizer": "hpctrain.optim", "lr_at": "hpctrain.optim",
     "ScheduleSpec": "hpctrain.optim", "spec_from_config": "hpctrain.optim", "LossScaler": "hpctrain.optim",
-    "recompute_bn_stats": "hpctrain.polish", "polish_bn": "hpctrain.polish",
+    "recompute_bn_stats": "hpctrain.polish",
     "build_model": "hpctrain.models",
     "Config": "hpctrain.config",
 }
-_RENAMED = {"polish_bn": "recompute_bn_stats"}     # the older name, kept (documented) as an alias
 
 __all__ = ["__version__", *_EXPORTS]
 
@@ -28,6 +27,6 @@ __all__ = ["__version__", *_EXPORTS]
 def __getattr__(name: str):
     if name not in _EXPORTS:
         raise AttributeError(f"module 'hpctrain' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), _RENAMED.get(name, name))
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
     globals()[name] = value
     return value

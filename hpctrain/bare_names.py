@@ -5,7 +5,7 @@ checkout's root Python also finds them by their bare names, which earlier versio
 (``from data_tools.sources import source`` in a plugin). Imported that way each file would run a
 second time as another module, with registries of its own: a plugin source would register where
 the tools never look. :func:`become` makes the bare package and each of its submodules the
-installed name's module object instead; :mod:`hpctrain.sync` uses it for :mod:`hpctrain.update`.
+installed name's module object instead; the bare ``kernels`` and ``data_tools`` use it.
 """
 from __future__ import annotations
 

@@ -117,7 +117,7 @@ def train_main(argv: list[str]) -> int:
     gpu_bind.early_bind(early.train.device if early else None)    # before MPI_Init: a CUDA-aware MPI's context
     from mpi4py import MPI
 
-    from hpctrain.config import ConfigError, deprecation_lines, validate
+    from hpctrain.config import ConfigError, validate
     from hpctrain.errors import TrainingCollapsed, UserError
     from hpctrain.ops.abort import install_abort_hook
     from hpctrain.ops.agree import agree
@@ -133,9 +133,6 @@ def train_main(argv: list[str]) -> int:
             error = exc
         agree(comm, error)          # a file-system check may fail on one node only: stop every rank
         assert cfg is not None              # agree raised otherwise
-        if comm.Get_rank() == 0:
-            for line in deprecation_lines(cfg):
-                print(line, file=sys.stderr, flush=True)
         from hpctrain.job import run
         summary = run(cfg, comm)
     except Stopped as exc:          # SIGTERM/SIGUSR1: checkpoint written, resumable

@@ -27,7 +27,6 @@ __all__ = ["ClusterError", "state_dir", "load_spec", "require_root", "check_tool
 
 # Tool → the Debian package that has it.
 TOOLS = {"ip": "iproute2", "tc": "iproute2", "unshare": "util-linux", "sysctl": "procps"}
-FAULT_ENV = CLUSTER_INJECT_FAULT   # the test switch (hpctrain.testhooks), by its older name here
 
 
 class ClusterError(RuntimeError):
@@ -137,7 +136,7 @@ def _inject_fault(node: int) -> None:
     """The test hook after node ``node`` is built (:func:`hpctrain.testhooks.cluster_fault`)."""
     kind = cluster_fault(node)
     if kind == "fail":
-        raise ClusterError(f"injected fault after node {node} ({FAULT_ENV})")
+        raise ClusterError(f"injected fault after node {node} ({CLUSTER_INJECT_FAULT})")
     if kind == "hang":
         time.sleep(60)
 

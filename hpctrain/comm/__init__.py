@@ -41,7 +41,7 @@ from hpctrain.comm.compression import COMPRESSIONS
 from hpctrain.comm.delay import DelayedSync, with_comm_delay
 from hpctrain.comm.flat import FlatSync
 from hpctrain.comm.hierarchical import HierarchicalSync, nodes_share_memory
-from hpctrain.comm.strategies import STRATEGIES, register
+from hpctrain.comm.strategies import STRATEGIES
 from hpctrain.config.plugins import plugin_options
 
 # Importing flat and hierarchical (above, in this order) registered them; auto comes last.
@@ -89,6 +89,6 @@ def create(name: str, params, topology, **kwargs) -> GradSync:
     return STRATEGIES.get(name)(params, topology, **kwargs)
 
 
-__all__ = ["Bucket", "GradSync", "make_buckets", "STRATEGIES", "COMPRESSIONS", "register", "create", "codec_options",
+__all__ = ["Bucket", "GradSync", "make_buckets", "STRATEGIES", "COMPRESSIONS", "create", "codec_options",
            "FlatSync", "HierarchicalSync", "auto", "concrete",
            "allreduce_sum", "broadcast_module", "broadcast_tensors", "checksum", "DelayedSync", "with_comm_delay"]

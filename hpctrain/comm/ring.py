@@ -158,8 +158,7 @@ def allreduce_bucket(buf: RingBuffers, comm: MPI.Comm, codec, src: torch.Tensor,
                      scale: float = 1.0, blocking: bool = False) -> Reduction:
     """Generator: ``dst <- scale * sum over comm of src``, in the codec's wire format; returns the
     overflow flag (inf/NaN in the result), the same on every rank. By the ring below, or by MPI's
-    ``Allreduce``/``Iallreduce`` where :func:`mpi_route` gives the buffer to MPI (hence the name;
-    it was ``ring_allreduce``, still an alias).
+    ``Allreduce``/``Iallreduce`` where :func:`mpi_route` gives the buffer to MPI (hence the name).
 
     Out of place (``dst`` may be ``src``): ``src`` is only read, so a rank's own gradients stay
     intact in it while the mean lands in ``dst`` - at no extra memory traffic, since every add of
@@ -233,6 +232,3 @@ def allreduce_bucket(buf: RingBuffers, comm: MPI.Comm, codec, src: torch.Tensor,
         reqs = []
     return bool(flag[0])
 
-
-# The old name, from before the function also ran MPI's own allreduce; kept for callers outside.
-ring_allreduce = allreduce_bucket

@@ -9,7 +9,7 @@ is this object.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from hpctrain.registry import Registry
 
@@ -20,11 +20,3 @@ if TYPE_CHECKING:
 # Registration order (flat, hierarchical, then auto) is the order config errors list the choices in.
 STRATEGIES: Registry[Callable[..., GradSync]] = Registry("comm.strategy", "strategy")
 
-S = TypeVar("S", bound="type[GradSync]")
-
-
-def register(cls: S) -> S:
-    """Class decorator: make a strategy selectable by the ``name`` it already has (the older
-    spelling; ``@STRATEGIES.register(name)`` sets the name instead)."""
-    STRATEGIES.register(cls.name)(cls)
-    return cls

@@ -15,8 +15,7 @@ selects a plugin outside the tree (:mod:`hpctrain.registry`). A plugin's own opt
 sub-table (``[sync.odsgd]``) whose schema is the plugin's constructor
 (:mod:`hpctrain.config.plugins`).
 
-Renamed keys (:mod:`hpctrain.config.renamed`) are read as their new key, with one deprecation line
-each; an error names the key as written.
+Keys that were renamed are listed once in docs/changelog.md; an old key is an unknown key.
 """
 from __future__ import annotations
 
@@ -29,14 +28,13 @@ from typing import Any
 from dataclasses import dataclass, field
 
 from hpctrain.config.plugins import help_lines, plugin_tables, recorded_tables, set_option, table_problems, tables_field
-from hpctrain.config.renamed import RENAMED, deprecation_lines, install_old_names
 from hpctrain.config.values import (FRACTION, INF, LOSS_SCALE, LR, NON_NEGATIVE, POSITIVE, Option, Range, coerce,
                                     field_problem, is_plugin_spec, opt, registry)
 from hpctrain.errors import ConfigError
 
 __all__ = ["Config", "ConfigError", "Range", "Option", "INF", "POSITIVE", "NON_NEGATIVE", "FRACTION", "LR",
-           "LOSS_SCALE", "RENAMED", "opt", "registry", "field_problem", "sections", "help_text", "set_value",
-           "load_toml", "check_field", "validate", "deprecation_lines", "DataConfig", "ModelConfig",
+           "LOSS_SCALE", "opt", "registry", "field_problem", "sections", "help_text", "set_value",
+           "load_toml", "check_field", "validate", "DataConfig", "ModelConfig",
            "TrainConfig", "OptimConfig", "CommConfig", "SyncConfig", "PrecisionConfig", "PolishConfig",
            "CheckpointConfig", "RunConfig"]
 
@@ -203,9 +201,6 @@ class Config:
     ckpt: CheckpointConfig = field(default_factory=CheckpointConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
-    def __post_init__(self) -> None:
-        self.renamed: dict[str, str] = {}       # new key -> the old one it was given as (not a field)
-
     def to_dict(self) -> dict:
         """``{section: {key: value}}``, every key with the value the run uses; a plugin's options as
         its sub-table (``sync.odsgd``): all of the chosen plugin's (:func:`recorded_tables`)."""
@@ -216,9 +211,6 @@ class Config:
                 del out[name][f.name]
                 out[name].update(recorded_tables(sec))
         return out
-
-
-install_old_names(typing.get_type_hints(Config))
 
 
 def sections(cfg: Config) -> Iterator[tuple[str, Any]]:
@@ -247,17 +239,13 @@ def help_text(cfg: Config | None = None) -> str:
             rng = f.metadata.get("range")
             extra = f" (must be {rng.describe()})" if rng is not None else ""
             lines.append(f"  {name}.{f.name} = {default!r}\n      {_help(f)}{extra}")
-    renamed = ", ".join(f"{old} -> {new}" for old, new in RENAMED.items())
-    return "\n".join(lines) + f"\n  renamed keys (still read, with a deprecation line): {renamed}"
+    return "\n".join(lines)
 
 
 def set_value(cfg: Config, dotted: str, value) -> None:
     """Set ``section.key`` (or ``section.plugin.option``) on cfg from a TOML value or a CLI string.
-    An old key (:data:`RENAMED`) sets its new one; errors name the key as given."""
+    Errors name the key as given."""
     given = dotted
-    if dotted in RENAMED:
-        dotted = RENAMED[dotted]
-        cfg.renamed[dotted] = given
     section, _, key = dotted.partition(".")
     sec = getattr(cfg, section, None) if section in {n for n, _ in sections(cfg)} else None
     if sec is None or not key:
@@ -348,9 +336,9 @@ def validate(cfg: Config, world_size: int = 1) -> None:
             problem = field_problem(f, getattr(sec, f.name))
             if problem:
                 key = f"{name}.{f.name}"
-                raise ConfigError(f"config {cfg.renamed.get(key, key)}: {problem}")
+                raise ConfigError(f"config {key}: {problem}")
         for key, problem in table_problems(sec, name):
-            raise ConfigError(f"config {cfg.renamed.get(key, key)}: {problem}")
+            raise ConfigError(f"config {key}: {problem}")
     checks = [   # each computed once, in this order; the first problem stops
         ("train.batch_size", lambda: None if cfg.train.batch_size % world_size == 0 else
          f"global batch {cfg.train.batch_size} is not divisible by {world_size} ranks"),

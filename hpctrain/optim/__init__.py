@@ -94,12 +94,6 @@ def _lamb(params, *, lr: float, momentum: float, weight_decay: float, exclude_1d
                 weight_decay=weight_decay, exclude_1d=exclude_1d, lr_1d_scale=lr_1d_scale)
 
 
-# make_optimizer's keywords as they were before the sub-tables: its own defaults where they differ
-# from the config's (LARS's eps 0, MLPerf's lars_epsilon; the config's is 1e-9), and old names.
-_API_DEFAULTS = {"lars": {"eps": 0.0}}
-_API_NAMES = {"lamb": {"adam_eps": "eps"}}
-
-
 def make_optimizer(params_or_model, name: str, lr: float, momentum: float = 0.9,
                    weight_decay: float = 0.0, nesterov: bool = False, *,
                    exclude_1d: bool = True, lr_1d_scale: float = 1.0, **own_options) -> torch.optim.Optimizer:
@@ -110,14 +104,9 @@ def make_optimizer(params_or_model, name: str, lr: float, momentum: float = 0.9,
     al.). LARS and LAMB handle the 1-D exclusion themselves (trust ratio and weight decay; lr
     times ``lr_1d_scale``); LAMB's beta1 is ``momentum``. The schedule sets ``lr`` every step
     through ``set_lr``. ``own_options``: the optimiser's own (its factory's annotated keywords, the
-    ``[optim.<name>]`` table: LARS ``eta``, ``eps``, ``clip``; LAMB ``beta2``, ``eps``, also
-    ``adam_eps``), each defaulting to the factory's (LARS's ``eps`` excepted: 0, as this function
-    always gave); one it does not take is ignored.
+    ``[optim.<name>]`` table: LARS ``eta``, ``eps``, ``clip``; LAMB ``beta2``, ``eps``), each
+    defaulting to the factory's, as a config-built optimiser's does; one it does not take is ignored.
     """
-    for old, new in _API_NAMES.get(name, {}).items():
-        if old in own_options:
-            own_options[new] = own_options.pop(old)
-    own_options = {**_API_DEFAULTS.get(name, {}), **own_options}
     return OPTIMIZERS.get(name)(_params(params_or_model), lr=lr, momentum=momentum, weight_decay=weight_decay,
                                 nesterov=nesterov, exclude_1d=exclude_1d, lr_1d_scale=lr_1d_scale, **own_options)
 

@@ -15,8 +15,7 @@ one line, status 2 from the CLI) on every rank at the same step, naming the step
 rank(s), unless a loss scaler skipped the step (:mod:`hpctrain.update.guard`).
 
 This package was ``hpctrain.sync``, a name that read like the gradient sync (``trainer.sync``,
-a ``GradSync``); the old name and its submodules still import (:mod:`hpctrain.sync`), and the
-config table keeps its name ``[sync]``.
+a ``GradSync``); the old name is gone (docs/changelog.md). The config table is still ``[sync]``.
 """
 from __future__ import annotations
 

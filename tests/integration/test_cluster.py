@@ -16,6 +16,7 @@ import pytest
 
 from hpctrain.cluster import netns
 from hpctrain.cluster.spec import ClusterSpec, tbf_params
+from hpctrain.testhooks import CLUSTER_INJECT_FAULT
 from tests.integration.mpirun import mpirun
 
 _TAG = os.getpid() % 100000
@@ -76,7 +77,7 @@ def test_up_down_idempotent():
 def test_failed_up_leaves_nothing():
     name = f"hcf{_TAG}"
     r = cli("up", "--nodes", "3", "--name", name, "--subnet", "10.77.98.0/24",
-            env={netns.FAULT_ENV: "fail:1"})
+            env={CLUSTER_INJECT_FAULT: "fail:1"})
     assert r.returncode == 2 and "injected fault after node 1" in r.stderr
     assert leftovers(name) == []
 
@@ -84,7 +85,7 @@ def test_failed_up_leaves_nothing():
 def test_interrupted_up_leaves_nothing():
     name = f"hci{_TAG}"
     proc = subprocess.Popen([sys.executable, "-m", "hpctrain", "cluster", "up", "--nodes", "2", "--name",
-                             name, "--subnet", "10.77.97.0/24"], env={**os.environ, netns.FAULT_ENV: "hang:0"},
+                             name, "--subnet", "10.77.97.0/24"], env={**os.environ, CLUSTER_INJECT_FAULT: "hang:0"},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 20

@@ -10,13 +10,13 @@ from tests.integration.mpirun import mpirun
 @pytest.mark.slow
 def test_digits_job_with_odsgd_and_a_slow_link(tmp_path):
     r, _ = mpirun(2, ["-m", "hpctrain", "--run-dir", str(tmp_path), "--no-progress",
-                      "--set", "sync.algorithm=odsgd", "--set", "sync.odsgd_warmup_steps=50",
-                      "--set", "sync.comm_delay_ms=1"], timeout=300)
+                      "--set", "sync.algorithm=odsgd", "--set", "sync.odsgd.warmup_steps=50",
+                      "--set", "comm.delay_ms=1"], timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     lines = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     summary = lines[-1]
     assert lines[0]["config"]["sync"]["algorithm"] == "odsgd" and summary["algorithm"] == "odsgd"
-    assert lines[0]["config"]["comm"]["delay_ms"] == 1.0     # given by its old key, sync.comm_delay_ms
+    assert lines[0]["config"]["comm"]["delay_ms"] == 1.0
     # the record holds every option OD-SGD ran with, the ones left at their defaults too
     assert lines[0]["config"]["sync"]["odsgd"] == {"warmup_steps": 50, "local_lr": 0.0, "local_momentum": 0.0,
                                                    "dc_lambda": 0.0}
@@ -26,9 +26,9 @@ def test_digits_job_with_odsgd_and_a_slow_link(tmp_path):
 
 def test_option_errors_are_one_line(tmp_path):
     r, _ = mpirun(2, ["-m", "hpctrain", "--run-dir", str(tmp_path), "--no-progress",
-                      "--set", "sync.algorithm=odsgd", "--set", "sync.odsgd_local_momentum=1.5"], timeout=120)
+                      "--set", "sync.algorithm=odsgd", "--set", "sync.odsgd.local_momentum=1.5"], timeout=120)
     assert r.returncode == 2, r.stderr[-2000:]
-    assert "sync.odsgd_local_momentum: must be in [0, 1)" in r.stderr
+    assert "sync.odsgd.local_momentum: must be in [0, 1)" in r.stderr
 
 
 def test_lars_without_a_local_lr_is_one_line(tmp_path):
@@ -51,20 +51,3 @@ def test_bench_sync_prints_both_algorithms(tmp_path):
     assert all(row["speedup"] > 0 and row["steps_per_s"] > 0 for row in rows)
     assert "x SSGD" in r.stdout and "hidden" in r.stdout
 
-
-def test_old_keys_still_run_with_one_deprecation_line_each_on_rank_0(tmp_path):
-    """A TOML file and --set written before the sub-tables: read as the new keys, the option reaches
-    OD-SGD, and rank 0 alone prints one line per old key (the file and --set give one twice)."""
-    f = tmp_path / "old.toml"
-    f.write_text('[sync]\nalgorithm = "odsgd"\nodsgd_warmup_steps = 1\ncomm_delay_ms = 1\n')
-    r, _ = mpirun(2, ["-m", "hpctrain", "--config", str(f), "--run-dir", str(tmp_path / "run"), "--no-progress",
-                      "--max-steps", "3", "--epochs", "1", "--set", "sync.odsgd_warmup_steps=1"], timeout=120)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert [x for x in r.stderr.splitlines() if "deprecated" in x] == [
-        "hpctrain: warning: config sync.odsgd_warmup_steps is deprecated: use sync.odsgd.warmup_steps "
-        "(read as sync.odsgd.warmup_steps this time)",
-        "hpctrain: warning: config sync.comm_delay_ms is deprecated: use comm.delay_ms (read as comm.delay_ms this time)"]
-    lines = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
-    assert lines[0]["config"]["sync"]["odsgd"]["warmup_steps"] == 1
-    assert lines[0]["config"]["comm"]["delay_ms"] == 1.0
-    assert "local_update" in lines[-1]["phases_s"]        # past its 1 warm-up step: OD-SGD's own path ran

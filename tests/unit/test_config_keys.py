@@ -1,6 +1,6 @@
-"""Plugin options in sub-tables (``[sync.odsgd]``, schema = the plugin's constructor) and renamed
-keys (old spelling read as the new key, one deprecation line each): both spellings give the same
-config, a bad sub-table key or value is one line naming it, ``--help`` lists what the registries
+"""Plugin options in sub-tables (``[sync.odsgd]``, schema = the plugin's constructor): a TOML
+file and ``--set`` give the same config, a key renamed before (docs/changelog.md) is an unknown
+key, a bad sub-table key or value is one line naming it, ``--help`` lists what the registries
 hold, and reading a config imports no torch."""
 import inspect
 import re
@@ -11,25 +11,9 @@ from typing import Annotated  # noqa: F401  (read by a string annotation below)
 import pytest
 
 from hpctrain.cli import config_from_args
-from hpctrain.config import RENAMED, Config, ConfigError, deprecation_lines, help_text, load_toml, validate
+from hpctrain.config import Config, ConfigError, help_text, load_toml, validate
 from hpctrain.config.values import NON_NEGATIVE, Option
 
-OLD_TOML = """
-[sync]
-algorithm = "odsgd"
-odsgd_warmup_steps = 7
-odsgd_local_lr = 0.05
-odsgd_local_momentum = 0.5
-odsgd_dc_lambda = 0.1
-comm_delay_ms = 3
-[optim]
-lars_exclude_1d = false
-lars_eta = 0.002
-lars_eps = 1e-8
-lars_clip = true
-lamb_beta2 = 0.99
-lamb_eps = 1e-7
-"""
 NEW_TOML = """
 [sync]
 algorithm = "odsgd"
@@ -50,10 +34,10 @@ clip = true
 beta2 = 0.99
 eps = 1e-7
 """
-OLD_SET = ["sync.algorithm=odsgd", "sync.odsgd_warmup_steps=7", "sync.odsgd_local_lr=0.05",
-           "sync.odsgd_local_momentum=0.5", "sync.odsgd_dc_lambda=0.1", "sync.comm_delay_ms=3",
-           "optim.lars_exclude_1d=false", "optim.lars_eta=0.002", "optim.lars_eps=1e-8", "optim.lars_clip=true",
-           "optim.lamb_beta2=0.99", "optim.lamb_eps=1e-7"]
+# the keys before the sub-tables (docs/changelog.md): unknown now, each with the value above
+OLD_SET = ["sync.odsgd_warmup_steps=7", "sync.odsgd_local_lr=0.05", "sync.odsgd_local_momentum=0.5",
+           "sync.odsgd_dc_lambda=0.1", "sync.comm_delay_ms=3", "optim.lars_exclude_1d=false", "optim.lars_eta=0.002",
+           "optim.lars_eps=1e-8", "optim.lars_clip=true", "optim.lamb_beta2=0.99", "optim.lamb_eps=1e-7"]
 NEW_SET = ["sync.algorithm=odsgd", "sync.odsgd.warmup_steps=7", "sync.odsgd.local_lr=0.05",
            "sync.odsgd.local_momentum=0.5", "sync.odsgd.dc_lambda=0.1", "comm.delay_ms=3", "optim.exclude_1d=false",
            "optim.lars.eta=0.002", "optim.lars.eps=1e-8", "optim.lars.clip=true", "optim.lamb.beta2=0.99",
@@ -72,9 +56,9 @@ def from_set(items):
     return config_from_args([a for item in items for a in ("--set", item)])
 
 
-def test_old_and_new_spellings_give_identical_configs(tmp_path):
+def test_toml_and_set_give_identical_configs(tmp_path):
     from hpctrain import update as update_lib
-    configs = [from_toml(tmp_path, OLD_TOML), from_toml(tmp_path, NEW_TOML), from_set(OLD_SET), from_set(NEW_SET)]
+    configs = [from_toml(tmp_path, NEW_TOML), from_set(NEW_SET)]
     for cfg in configs:
         assert cfg == configs[0] and cfg.to_dict() == configs[0].to_dict()
     cfg = configs[0]
@@ -95,16 +79,15 @@ def test_algorithm_options_default_to_the_constructors():
     assert update_lib.algorithm_options(from_set(["sync.odsgd.warmup_steps=3"]).sync) == {}    # ssgd: none
 
 
-def test_one_deprecation_line_per_old_key_naming_old_and_new(tmp_path):
-    f = tmp_path / "c.toml"
-    f.write_text(OLD_TOML)
-    cfg = config_from_args(["--config", str(f), *[a for item in OLD_SET for a in ("--set", item)]])
-    lines = deprecation_lines(cfg)
-    assert len(lines) == len(RENAMED) == 11                  # each old key given twice, named once
-    for old, new in RENAMED.items():
-        assert sum(f" {old} " in x and f" {new} " in x for x in lines) == 1, (old, lines)
-    assert all(x.startswith("hpctrain: warning: config ") for x in lines)
-    assert deprecation_lines(from_toml(tmp_path, NEW_TOML)) == [] == deprecation_lines(from_set(NEW_SET))
+@pytest.mark.parametrize("item", OLD_SET)
+def test_a_key_renamed_before_is_an_unknown_key(item, tmp_path):
+    """No alias: the old spelling is refused in one line naming it, in a file as on the command line."""
+    key, _, value = item.partition("=")
+    with pytest.raises(ConfigError, match=rf"^config {re.escape(key)}: unknown key"):
+        from_set([item])
+    section, _, name = key.partition(".")
+    with pytest.raises(ConfigError, match=rf"^config {re.escape(key)}: unknown key"):
+        from_toml(tmp_path, f"[{section}]\n{name} = {value if value[0].isdigit() else value.lower()}\n")
 
 
 @pytest.mark.parametrize("items,message", [
@@ -114,12 +97,9 @@ def test_one_deprecation_line_per_old_key_naming_old_and_new(tmp_path):
     (["sync.odsgd.warmup_steps=1.5"], "config sync.odsgd.warmup_steps: expected int, got '1.5'"),
     (["sync.odsgd.local_lr=nan"], "config sync.odsgd.local_lr: expected a finite float, got 'nan'"),
     (["sync.odsgd.local_momentum=1"], "config sync.odsgd.local_momentum: must be in [0, 1), got 1.0"),
-    (["sync.odsgd_local_momentum=1"], "config sync.odsgd_local_momentum: must be in [0, 1), got 1.0"),  # as given
     (["comm.delay_ms=-1"], "config comm.delay_ms: must be in [0, 60000], got -1.0"),
-    (["sync.comm_delay_ms=-1"], "config sync.comm_delay_ms: must be in [0, 60000], got -1.0"),
     (["sync.options=1"], "config sync.options: unknown key"),
     (["optim.lars.eta=0"], "config optim.lars.eta: must be in (0, 1], got 0.0"),
-    (["optim.lars_eta=0"], "config optim.lars_eta: must be in (0, 1], got 0.0"),                 # as given
     (["optim.lamb.beta2=1.5"], "config optim.lamb.beta2: must be in [0, 1), got 1.5"),
     (["optim.lars.clip=maybe"], "config optim.lars.clip: expected bool, got 'maybe'"),
     (["optim.adam.eps=1e-8"], "config optim.adam.eps: unknown key (sub-tables of [optim]: lars, lamb)"),
@@ -142,9 +122,9 @@ def test_toml_sub_table_errors_name_the_key(tmp_path):
 def test_help_lists_plugin_options_and_registry_choices(plugin_sandbox):
     text = help_text()
     assert "  sync.odsgd.warmup_steps = 200\n      plain SSGD for the first N steps (must be >= 0)" in text
-    assert "  sync.odsgd.local_momentum = 0.0\n" in text and "sync.odsgd_warmup_steps ->" in text
+    assert "  sync.odsgd.local_momentum = 0.0\n" in text and "sync.odsgd_warmup_steps" not in text
     assert "  optim.lars.eta = 0.001\n      LARS trust coefficient eta (must be in (0, 1])" in text
-    assert "  optim.lamb.beta2 = 0.999\n" in text and "optim.lars_eta -> optim.lars.eta" in text
+    assert "  optim.lamb.beta2 = 0.999\n" in text and "optim.lars_eta" not in text and "renamed" not in text
     assert "      optimiser: sgd | lars | lamb\n" in text and "{choices}" not in text
     import examples.plugins.adamw_optimizer  # noqa: F401  registers adamw
     assert "      optimiser: sgd | lars | lamb | adamw\n" in help_text()
@@ -152,7 +132,7 @@ def test_help_lists_plugin_options_and_registry_choices(plugin_sandbox):
 
 def test_reading_a_config_imports_no_torch():
     code = ("import sys; from hpctrain.cli import config_from_args; "
-            "cfg = config_from_args(['--set', 'optim.lars_exclude_1d=false', '--set', 'comm.delay_ms=1']); "
+            "cfg = config_from_args(['--set', 'optim.exclude_1d=false', '--set', 'comm.delay_ms=1']); "
             "print('torch' in sys.modules, 'mpi4py.MPI' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.split() == ["False", "False"]
@@ -198,9 +178,9 @@ def test_optimiser_adapter_passes_each_field(monkeypatch):
         seen.update(kw, name=name, lr=lr)
     monkeypatch.setattr(optim_lib, "make_optimizer", record)
     o = from_set(["optim.name=lamb", "optim.lr=0.3", "optim.momentum=0.8", "optim.weight_decay=0.01",
-                  "optim.nesterov=true", "optim.exclude_1d=false", "optim.lars_eta=0.002", "optim.lars_eps=1e-8",
-                  "optim.lars_clip=true", "optim.lr_1d_scale=0.5", "optim.lamb_beta2=0.99",
-                  "optim.lamb_eps=1e-7"]).optim
+                  "optim.nesterov=true", "optim.exclude_1d=false", "optim.lars.eta=0.002", "optim.lars.eps=1e-8",
+                  "optim.lars.clip=true", "optim.lr_1d_scale=0.5", "optim.lamb.beta2=0.99",
+                  "optim.lamb.eps=1e-7"]).optim
     optim_lib.optimizer_from_config([], o)
     assert seen == dict(name="lamb", lr=0.3, momentum=0.8, weight_decay=0.01, nesterov=True, exclude_1d=False,
                         lr_1d_scale=0.5, beta2=0.99, eps=1e-7)           # the chosen optimiser's own options
@@ -209,11 +189,11 @@ def test_optimiser_adapter_passes_each_field(monkeypatch):
     assert {k: seen[k] for k in ("name", "eta", "eps", "clip")} == dict(name="lars", eta=0.002, eps=1e-8, clip=True)
 
 
-def test_recompute_bn_stats_is_exported_and_polish_bn_is_its_alias():
+def test_recompute_bn_stats_is_exported_under_one_name():
     import hpctrain
     from hpctrain.polish import recompute_bn_stats
-    assert hpctrain.recompute_bn_stats is recompute_bn_stats is hpctrain.polish_bn
-    assert {"recompute_bn_stats", "polish_bn"} <= set(hpctrain.__all__)
+    assert hpctrain.recompute_bn_stats is recompute_bn_stats and "recompute_bn_stats" in hpctrain.__all__
+    assert "polish_bn" not in hpctrain.__all__ and not hasattr(hpctrain, "polish_bn")   # the old alias: gone
 
 
 RAMP_SOURCE = '''
@@ -278,57 +258,22 @@ def test_cli_help_lists_the_sub_table_keys():
                        timeout=120)
     assert r.returncode == 0, r.stderr
     for key in ("sync.odsgd.warmup_steps = 200", "sync.odsgd.dc_lambda = 0.0", "comm.delay_ms = 0.0",
-                "optim.exclude_1d = True", "optim.lars_exclude_1d -> optim.exclude_1d",
+                "optim.exclude_1d = True",
                 "optim.lars.eta = 0.001\n      LARS trust coefficient eta (must be in (0, 1])"):
         assert key in r.stdout, key
 
 
-def test_old_names_read_in_python_warn_and_are_no_fields():
-    """``cfg.optim.lars_eta`` (an old key within its section) reads the new key's value, as the
-    plugin will be built, with a DeprecationWarning; setting it sets the new key; ``==``, ``asdict`` and
-    ``to_dict`` (hence the run record) see only the new keys, without a warning."""
-    import dataclasses
-    import warnings
-    cfg = from_set(NEW_SET)
-    with pytest.warns(DeprecationWarning, match=r"^config optim\.lars_eta is deprecated: use optim\.lars\.eta$"):
-        assert cfg.optim.lars_eta == 0.002
-    with pytest.warns(DeprecationWarning, match="sync.odsgd_warmup_steps"):
-        assert cfg.sync.odsgd_warmup_steps == 7
-    with pytest.warns(DeprecationWarning, match="optim.lars_exclude_1d"):
-        assert cfg.optim.lars_exclude_1d is False
-    with pytest.warns(DeprecationWarning, match="optim.lamb_eps"):
-        assert Config().optim.lamb_eps == 1e-6                     # not given: the constructor's default
-    with pytest.warns(DeprecationWarning, match="optim.lars_eta"):
-        cfg.optim.lars_eta = 0.5                                  # sets the new key
-    assert cfg.optim.options["lars"]["eta"] == 0.5
-    cfg.optim.options["lars"]["eta"] = 0.002
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert cfg == from_set(OLD_SET) and cfg.to_dict() == from_set(OLD_SET).to_dict()
-        assert not {"lars_eta", "lamb_eps", "lars_exclude_1d"} & set(dataclasses.asdict(cfg)["optim"])
-        validate(from_set(NEW_SET + ["run.run_dir=/nonexistent/run"]))
-        help_text()
-
-
-def test_old_names_as_constructor_keywords_set_the_new_keys():
-    """``OptimConfig(lars_eta=...)`` (Python code written before the rename) builds the same
-    section as the new key, with a DeprecationWarning; a key that moved to another section is one
-    line saying where."""
-    from hpctrain.config import CommConfig, OptimConfig, SyncConfig
-    with pytest.warns(DeprecationWarning) as said:
-        old = OptimConfig(lars_eta=0.002, lars_exclude_1d=False, lr=0.1)
-    assert sorted(str(w.message) for w in said) == ["config optim.lars_eta is deprecated: use optim.lars.eta",
-                                                    "config optim.lars_exclude_1d is deprecated: use optim.exclude_1d"]
-    assert {w.filename for w in said} == {__file__}                     # pointing at the caller's line
-    assert old == OptimConfig(options={"lars": {"eta": 0.002}}, exclude_1d=False, lr=0.1)
-    with pytest.warns(DeprecationWarning, match="sync.odsgd_warmup_steps"):
-        assert SyncConfig(algorithm="odsgd", odsgd_warmup_steps=3) == SyncConfig("odsgd", {"odsgd": {"warmup_steps": 3}})
-    with pytest.raises(AttributeError, match=r"^config sync\.comm_delay_ms moved to another section: use "
-                                             r"cfg\.comm\.delay_ms$"):
-        SyncConfig(comm_delay_ms=1.0)
-    with pytest.raises(AttributeError, match="use cfg.comm.delay_ms"):
-        Config().sync.comm_delay_ms
-    assert CommConfig(delay_ms=1.0).delay_ms == 1.0
+def test_old_names_are_no_attributes_or_keywords():
+    """Python code written before the sub-tables gets the plain errors of a name that does not exist."""
+    from hpctrain.config import OptimConfig, SyncConfig
+    with pytest.raises(AttributeError):
+        Config().optim.lars_eta                                    # noqa: B018
+    with pytest.raises(AttributeError):
+        Config().sync.comm_delay_ms                                # noqa: B018
+    with pytest.raises(TypeError, match="lars_eta"):
+        OptimConfig(lars_eta=0.002)
+    with pytest.raises(TypeError, match="odsgd_warmup_steps"):
+        SyncConfig(algorithm="odsgd", odsgd_warmup_steps=3)
 
 
 def test_record_holds_every_option_the_chosen_plugins_run_with():

@@ -79,7 +79,7 @@ def test_lamb_layer_step_is_lr_times_weight_norm():
 
 def test_make_optimizer_lamb_and_bad_values():
     model = torch.nn.Linear(3, 2)
-    opt = make_optimizer(model, "lamb", lr=0.01, momentum=0.8, beta2=0.95, adam_eps=1e-8, lr_1d_scale=0.5)
+    opt = make_optimizer(model, "lamb", lr=0.01, momentum=0.8, beta2=0.95, eps=1e-8, lr_1d_scale=0.5)
     assert isinstance(opt, LAMB)
     g = opt.param_groups[0]
     assert (g["betas"], g["eps"], g["lr_1d_scale"]) == ((0.8, 0.95), 1e-8, 0.5)

@@ -1,7 +1,7 @@
 """The optimisers' own options in sub-tables (``[optim.lars]``, ``[optim.lamb]``; schema = the
-factory's annotated keywords): the old flat keys (``optim.lars_eta``…) and the new ones build the
-same optimiser as LARS / LAMB constructed directly with those values, and make_optimizer's
-Python keywords (``eta``, ``eps``, ``clip``, ``beta2``, ``adam_eps``) still do."""
+factory's annotated keywords), from ``--set`` or a TOML file, build the same optimiser as LARS /
+LAMB constructed directly with those values, and make_optimizer's
+Python keywords (``eta``, ``eps``, ``clip``, ``beta2``) do, with the config's defaults."""
 import pytest
 import torch
 
@@ -32,10 +32,8 @@ def hyper(opt):
                                      for g in opt.param_groups]
 
 
-def test_lars_old_and_new_keys_build_the_same_lars(tmp_path):
-    configs = [from_set(["optim.name=lars", "optim.lars_eta=0.002", "optim.lars_eps=1e-8", "optim.lars_clip=true"]),
-               from_set(["optim.name=lars", "optim.lars.eta=0.002", "optim.lars.eps=1e-8", "optim.lars.clip=true"]),
-               from_toml(tmp_path, '[optim]\nname = "lars"\nlars_eta = 0.002\nlars_eps = 1e-8\nlars_clip = true\n'),
+def test_lars_keys_build_the_same_lars(tmp_path):
+    configs = [from_set(["optim.name=lars", "optim.lars.eta=0.002", "optim.lars.eps=1e-8", "optim.lars.clip=true"]),
                from_toml(tmp_path, '[optim]\nname = "lars"\n[optim.lars]\neta = 0.002\neps = 1e-8\nclip = true\n')]
     assert all(c == configs[0] and c.to_dict() == configs[0].to_dict() for c in configs)
     assert configs[0].to_dict()["optim"]["lars"] == {"eta": 0.002, "eps": 1e-8, "clip": True}
@@ -46,13 +44,12 @@ def test_lars_old_and_new_keys_build_the_same_lars(tmp_path):
         assert hyper(optimizer_from_config(model(), cfg.optim)) == hyper(direct)
 
 
-def test_lamb_old_and_new_keys_build_the_same_lamb():
-    old = from_set(["optim.name=lamb", "optim.lamb_beta2=0.99", "optim.lamb_eps=1e-7"])
+def test_lamb_keys_build_the_same_lamb(tmp_path):
     new = from_set(["optim.name=lamb", "optim.lamb.beta2=0.99", "optim.lamb.eps=1e-7"])
-    assert old == new
+    assert new == from_toml(tmp_path, '[optim]\nname = "lamb"\n[optim.lamb]\nbeta2 = 0.99\neps = 1e-7\n')
     o = new.optim
     direct = LAMB(model().parameters(), lr=o.lr, betas=(o.momentum, 0.99), eps=1e-7, weight_decay=o.weight_decay)
-    assert hyper(optimizer_from_config(model(), old.optim)) == hyper(direct)
+    assert hyper(optimizer_from_config(model(), new.optim)) == hyper(direct)
 
 
 @pytest.mark.parametrize("name,direct", [
@@ -69,14 +66,16 @@ def test_defaults_are_the_old_fields_defaults(name, direct):
 def test_make_optimizer_keywords_still_work():
     lars = make_optimizer(model(), "lars", lr=0.5, weight_decay=1e-4, eta=0.01, eps=1e-8, clip=True)
     assert hyper(lars) == hyper(LARS(model().parameters(), lr=0.5, weight_decay=1e-4, eta=0.01, eps=1e-8, clip=True))
-    lamb = make_optimizer(model(), "lamb", lr=0.01, momentum=0.8, beta2=0.95, adam_eps=1e-8, eta=0.3, clip=True)
+    lamb = make_optimizer(model(), "lamb", lr=0.01, momentum=0.8, beta2=0.95, eps=1e-8, eta=0.3, clip=True)
     assert hyper(lamb) == hyper(LAMB(model().parameters(), lr=0.01, betas=(0.8, 0.95), eps=1e-8))
     sgd = make_optimizer(model(), "sgd", lr=0.1, eta=0.01, beta2=0.9)            # others' keywords: ignored
     assert type(sgd) is torch.optim.SGD
 
 
-def test_make_optimizer_defaults_are_as_before():
-    """make_optimizer's own defaults did not move with the config's: LARS eps 0 (LARS's, MLPerf's
-    lars_epsilon), LAMB eps 1e-6."""
-    assert hyper(make_optimizer(model(), "lars", lr=0.5)) == hyper(LARS(model().parameters(), lr=0.5, eps=0.0))
-    assert hyper(make_optimizer(model(), "lamb", lr=0.5)) == hyper(LAMB(model().parameters(), lr=0.5, eps=1e-6))
+@pytest.mark.parametrize("name", ["lars", "lamb"])
+def test_make_optimizer_has_the_configs_defaults(name):
+    """One default per option: make_optimizer and a config-built optimiser agree (LARS eps 1e-9,
+    LAMB eps 1e-6; make_optimizer's LARS once defaulted to eps 0)."""
+    o = from_set([f"optim.name={name}", "optim.lr=0.5", "optim.momentum=0.9", "optim.weight_decay=0"]).optim
+    assert hyper(make_optimizer(model(), name, lr=0.5)) == hyper(optimizer_from_config(model(), o))
+    assert make_optimizer(model(), name, lr=0.5).param_groups[0]["eps"] == {"lars": 1e-9, "lamb": 1e-6}[name]
