@@ -19,13 +19,9 @@ come back as NumPy). CUDA torch tensors without CuPy fall back to the torch refe
 GPU; `backend()` says which path is live and why. CuPy is the optional extra
 `pip install 'hpctrain[cuda]'`; importing this package never needs it.
 
-Imported as ``hpctrain.kernels`` (``hpctrain/kernels`` links to this folder): a top-level
-``kernels`` would collide with the PyPI distribution of that name.
+Installed as ``hpctrain.kernels`` (setup.py's ``package_dir``: this folder is its one home), never
+as a top-level ``kernels``, which would collide with the PyPI distribution of that name.
 """
-if __name__ == "kernels":   # the bare name, from a checkout: the installed package's modules
-    from hpctrain.bare_names import become
-    become(__name__, "hpctrain.kernels")
-
 import numbers
 
 from . import _args, _runtime, fp16_pack, fp16_unpack, lars_step, sq_norms
