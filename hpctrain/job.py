@@ -24,7 +24,7 @@ from hpctrain.api import bind_device
 from hpctrain.config import Config
 from hpctrain.data import (ShardLoader, ShardSet, eval_batches, eval_prep, open_split_from_config, read_index,
                            train_loader_from_config)
-from hpctrain.data.builtin import resolve_dataset
+from hpctrain.data_tools.builtin import resolve_dataset
 from hpctrain.data.plan import block_range
 from hpctrain.errors import ConfigError, TrainingCollapsed, UserError
 from hpctrain.batches import device_batches, timed_batches

@@ -103,7 +103,7 @@ def digits_dir(tmp_path_factory):
     """The digits dataset converted once per session (rank 0 converts into a shared path)."""
     from mpi4py import MPI
 
-    from hpctrain.data.builtin import resolve_dataset
+    from hpctrain.data_tools.builtin import resolve_dataset
     comm = MPI.COMM_WORLD
     base = os.environ.get("HPCTRAIN_TEST_CACHE") or os.path.expanduser("~/.cache/hpctrain")
     return resolve_dataset("digits", base, comm)

@@ -16,7 +16,7 @@ from hpctrain.data import read_index
 def data_wait_share(comm, topo, steps: int, driver: str | None = None) -> dict:
     """Train the default job's model (digits CNN, global batch 64) and time the loader waits."""
     import torch
-    from hpctrain.data.builtin import resolve_dataset
+    from hpctrain.data_tools.builtin import resolve_dataset
     from hpctrain.models import build_model
     torch.set_num_threads(1)
     from hpctrain.config import DataConfig

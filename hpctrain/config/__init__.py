@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from hpctrain.config.plugins import help_lines, plugin_tables, recorded_tables, set_option, table_problems, tables_field
 from hpctrain.config.values import (FRACTION, INF, LOSS_SCALE, LR, NON_NEGATIVE, POSITIVE, Option, Range, coerce,
-                                    field_problem, is_plugin_spec, opt, registry)
+                                    field_problem, opt, registry)
 from hpctrain.errors import ConfigError
 
 __all__ = ["Config", "ConfigError", "Range", "Option", "INF", "POSITIVE", "NON_NEGATIVE", "FRACTION", "LR",
@@ -320,14 +320,6 @@ def threads_problem(threads: int) -> str | None:
     return None
 
 
-def _dataset_problem(dataset: str) -> str | None:
-    """Why ``package.module:name`` selects no data source (:data:`data_tools.sources.SOURCES`), or None."""
-    if not is_plugin_spec(dataset):
-        return None
-    from hpctrain.data_tools.readers import SOURCES
-    return SOURCES.plugin_problem(dataset)
-
-
 def validate(cfg: Config, world_size: int = 1) -> None:
     """Check values that would otherwise fail later, on some ranks, with a traceback (or train on
     NaN): every field's range or choices, then what depends on several fields or the file system."""
@@ -344,7 +336,6 @@ def validate(cfg: Config, world_size: int = 1) -> None:
          f"global batch {cfg.train.batch_size} is not divisible by {world_size} ranks"),
         ("train.threads", lambda: threads_problem(cfg.train.threads)),
         ("run.run_dir", lambda: dir_problem(cfg.run.run_dir)),
-        ("data.dataset", lambda: _dataset_problem(cfg.data.dataset)),
         ("ckpt.dir", lambda: cfg.ckpt.dir and dir_problem(cfg.ckpt.dir)),
     ]
     for key, problem_of in checks:

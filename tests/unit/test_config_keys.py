@@ -215,7 +215,7 @@ def test_dataset_may_name_a_data_source_plugin(tmp_path, monkeypatch, plugin_san
     from mpi4py import MPI
 
     from hpctrain.data import ShardSet, read_index
-    from hpctrain.data.builtin import resolve_dataset
+    from hpctrain.data_tools.builtin import resolve_dataset
     (tmp_path / "ramp_source_for_test.py").write_text(RAMP_SOURCE)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "ramp_source_for_test", raising=False)
@@ -236,9 +236,18 @@ def test_dataset_may_name_a_data_source_plugin(tmp_path, monkeypatch, plugin_san
 
 
 def test_dataset_plugin_that_does_not_import_is_one_line(tmp_path):
+    """Checked where the dataset is resolved (the job's data phase: the config never imports the
+    data tools), before anything is converted; a directory is not a plugin."""
+    from mpi4py import MPI
+
+    from hpctrain.data_tools.builtin import resolve_dataset
+    cfg = from_set(["data.dataset=no_such_module_x:ramp", f"data.cache_dir={tmp_path / 'cache'}",
+                    f"run.run_dir={tmp_path / 'run'}"])
+    validate(cfg)
     with pytest.raises(ConfigError, match=r"^config data\.dataset: plugin 'no_such_module_x:ramp': cannot import"):
-        validate(from_set(["data.dataset=no_such_module_x:ramp", f"run.run_dir={tmp_path / 'run'}"]))
-    validate(from_set([f"data.dataset={tmp_path}", f"run.run_dir={tmp_path / 'run'}"]))   # a directory is not
+        resolve_dataset(cfg.data.dataset, cfg.data.cache_dir, MPI.COMM_SELF)
+    assert not (tmp_path / "cache").exists()
+    assert resolve_dataset(str(tmp_path), cfg.data.cache_dir, MPI.COMM_SELF) == str(tmp_path)
 
 
 def test_schema_reads_the_options_where_another_annotation_does_not_resolve():

@@ -3,7 +3,9 @@ known by construction: cycles hidden by a lazy and by a typing import, string re
 (one to its own floor), an eager cycle, a registered plugin whose name two files hold, a link into hpctrain/.
 
 The scaffolding names are taken from the script, not written here, so that this file adds nothing
-to what the script counts in the real tests/."""
+to what the script counts in the real tests/. The last test reads this checkout itself: kernels/ and
+data_tools/ have one home each, and the (config, data, data_tools) tie is gone (issue 39 item 2)."""
+import ast
 import importlib.machinery
 import importlib.util
 import os
@@ -13,8 +15,8 @@ import sys
 
 import pytest
 
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                      "scripts", "house-counts")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "scripts", "house-counts")
 
 
 def load():
@@ -118,3 +120,21 @@ def test_main_prints_tables_and_refuses_a_root_without_hpctrain(tree, tmp_path_f
     empty = tmp_path_factory.mktemp("empty")
     out = subprocess.run([sys.executable, SCRIPT, "--root", str(empty)], capture_output=True, text=True, env=env)
     assert out.returncode == 2 and out.stderr.strip() == f"house-counts: {empty} has no hpctrain/ folder"
+
+
+def test_this_checkout_has_one_home_for_the_tools_and_no_tie_through_them():
+    """No link inside hpctrain/ and no import hook; kernels/ and data_tools/ counted once, as the
+    installed packages kept outside hpctrain/; neither config nor data imports data_tools, and
+    data_tools is on no import cycle (data_tools -> data stays: the tools write what data reads)."""
+    scaffold = {key: value for key, _, value in HC.scaffold_rows(ROOT, HC.library(ROOT), {})}
+    assert scaffold["links"] == "absent" and scaffold[HC.SCAFFOLD_FILES[0]] == "absent"
+    assert HC.SCAFFOLD_FILES[0] == "hpctrain/bare_names.py"
+    modules = {key: value for key, _, value in HC.module_rows(ROOT, {})}
+    assert (modules["linked"], modules["outside"]) == (0, 2)
+    mods = HC.library(ROOT)
+    trees = {rel: ast.parse(HC.read(os.path.join(ROOT, rel)), rel) for rel in mods}
+    units, edges, _, cycles, _ = HC.import_graph(mods, trees)
+    assert {"config", "data", "data_tools", "kernels"} <= units
+    assert [(s, k, r) for s, k, t, r in edges if t == "data_tools" and s in ("config", "data")] == []
+    assert ("data_tools", "eager", "data") in {(s, k, t) for s, k, t, _ in edges}
+    assert "data_tools" not in str(cycles), cycles

@@ -4,7 +4,7 @@ import numpy as np
 import hpctrain.data_tools.synthetic  # noqa: F401  (registers the sources)
 from hpctrain.data_tools.sources import SOURCES
 from hpctrain.data_tools.synthetic import make_pulses, make_signals
-from hpctrain.data.builtin import BUILTIN_DATASETS
+from hpctrain.data_tools.builtin import BUILTIN_DATASETS
 
 
 def test_signals_are_deterministic_and_separate_by_class():
