@@ -2,18 +2,16 @@
 ``hpctrain.data_tools``, never the bare top-level ``kernels`` (also a PyPI distribution's package)
 or ``data_tools``. The folders at the checkout's top are their one home; setup.py's ``package_dir``
 installs them under ``hpctrain`` (a wheel holds copies, an editable install maps the names to the
-folders), with no link inside hpctrain/ and no import hook."""
+folders), with no link inside hpctrain/ and no import hook. A wheel and an editable install built
+from a copy of this tree: tests/integration/test_install.py."""
 import ast
 import configparser
 import os
 import re
-import shutil
 import subprocess
 import sys
-import zipfile
 
 import numpy as np
-import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BARE = {"kernels", "data_tools"}
@@ -77,7 +75,6 @@ def test_the_guard_sees_each_spelling(tmp_path):
 
 
 HOMES = {"hpctrain.kernels": "kernels", "hpctrain.data_tools": "data_tools"}
-BUILD_INPUTS = ("setup.py", "setup.cfg", "pyproject.toml", "README.md", "hpctrain", "kernels", "data_tools")
 
 
 def test_build_maps_the_two_folders_and_nothing_links_into_hpctrain():
@@ -101,73 +98,6 @@ def test_installed_names_are_the_checkout_folders():
     assert os.path.realpath(hpctrain.kernels.__file__) == os.path.join(ROOT, "kernels", "__init__.py")
     assert os.path.realpath(hpctrain.data_tools.sources.__file__) == os.path.join(ROOT, "data_tools", "sources.py")
     assert not BARE & set(sys.modules), "a bare copy was imported beside the installed names"
-
-
-@pytest.fixture(scope="module")
-def source_copy(tmp_path_factory):
-    """What the build reads, copied (a build in the checkout would leave build/ and egg-info there)."""
-    src = tmp_path_factory.mktemp("src")
-    for name in BUILD_INPUTS:
-        path = os.path.join(ROOT, name)
-        if os.path.isdir(path):
-            shutil.copytree(path, src / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy(path, src / name)
-    return src
-
-
-def _without_pythonpath():
-    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-
-
-def _run(args, **kw):
-    r = subprocess.run(args, capture_output=True, text=True, timeout=120, **kw)
-    assert r.returncode == 0, r.stderr[-2000:]
-    return r.stdout
-
-
-IMPORTS = ("import sys, hpctrain.kernels as k, hpctrain.data_tools.synthetic as s; "
-           "print(k.__file__, s.__file__, 'kernels' in sys.modules or 'data_tools' in sys.modules)")
-
-
-def test_a_wheel_installs_the_folders_under_hpctrain_only(source_copy, tmp_path):
-    """A regular install: the wheel holds hpctrain/kernels and hpctrain/data_tools and no top-level
-    kernels/ or data_tools/, and its unpacked copy imports both (and runs ``python -m
-    hpctrain.data_tools``) with the checkout off the path."""
-    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index",
-          "-w", str(tmp_path / "dist"), str(source_copy)], env=_without_pythonpath())
-    (wheel,) = (tmp_path / "dist").glob("hpctrain-*.whl")
-    names = zipfile.ZipFile(wheel).namelist()
-    assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))} == {"hpctrain"}
-    for home, folder in HOMES.items():
-        wanted = {f"{folder}/{f}" for f in os.listdir(os.path.join(ROOT, folder)) if f.endswith(".py")}
-        held = {n[len("hpctrain/"):] for n in names if n.startswith(home.replace(".", "/") + "/")}
-        assert wanted == held, home
-    site = tmp_path / "site"
-    zipfile.ZipFile(wheel).extractall(site)          # a pure wheel's install is its unpacked files
-    env = dict(_without_pythonpath(), PYTHONPATH=str(site))
-    kernels_file, synthetic_file, bare = _run([sys.executable, "-c", IMPORTS], cwd=tmp_path, env=env).split()
-    assert kernels_file == str(site / "hpctrain" / "kernels" / "__init__.py")
-    assert synthetic_file == str(site / "hpctrain" / "data_tools" / "synthetic.py") and bare == "False"
-    assert _run([sys.executable, "-m", "hpctrain.data_tools", "--help"], cwd=tmp_path, env=env).startswith(
-        "usage: python -m hpctrain.data_tools")
-
-
-def test_an_editable_install_maps_the_names_to_the_folders(source_copy, tmp_path):
-    """``make setup``'s editable install, built from a copy and put first on a bare interpreter's path
-    (-S: this venv's own editable install would otherwise answer first): the names import from
-    the copy's top-level folders."""
-    _run([sys.executable, "-c", f"from setuptools import build_meta as b; b.build_editable({str(tmp_path)!r})"],
-         cwd=source_copy, env=_without_pythonpath())
-    (wheel,) = tmp_path.glob("hpctrain-*.whl")
-    zipfile.ZipFile(wheel).extractall(tmp_path / "site")
-    import site as site_module
-    boot = (f"import site; site.addsitedir({str(tmp_path / 'site')!r}); "
-            + "".join(f"site.addsitedir({p!r}); " for p in site_module.getsitepackages()) + IMPORTS)
-    kernels_file, synthetic_file, bare = _run([sys.executable, "-S", "-c", boot], cwd=tmp_path,
-                                              env=_without_pythonpath()).split()
-    assert kernels_file == str(source_copy / "kernels" / "__init__.py")
-    assert synthetic_file == str(source_copy / "data_tools" / "synthetic.py") and bare == "False"
 
 
 def test_plugin_source_from_the_checkout_root_registers_where_the_cli_looks(tmp_path):
