@@ -8,8 +8,9 @@
 #   1. pack once, on the shared file system: HPCTRAIN_STAGE_TARS (default HPCTRAIN_HOME/.stage)
 #      /env.tar (the .venv; rebuilt
 #      when missing or with HPCTRAIN_STAGE_REFRESH=1) and src.tar (hpctrain, kernels,
-#      data_tools; repacked every job, it is small; the S in --transform keeps the links
-#      hpctrain/kernels -> ../kernels and hpctrain/data_tools -> ../data_tools as they are);
+#      data_tools; repacked every job, it is small; --transform puts kernels/ and data_tools/
+#      at src/hpctrain/kernels and src/hpctrain/data_tools, where an installed hpctrain has them,
+#      so PYTHONPATH=<dir>/src imports all three from the copy, not through the editable install);
 #   2. copy to every node: Slurm `sbcast` (tree broadcast to node-local /tmp), otherwise one
 #      reader per node (`mpirun --map-by ppr:1:node`, `jsrun --rs_per_host 1`);
 #   3. extract into HPCTRAIN_STAGE_DIR (default /tmp/hpctrain-JOBID; /dev/shm also works) and
@@ -29,7 +30,8 @@ hpctrain_stage_pack() {
     hpctrain_do tar -C "$HPCTRAIN_HOME" -cf "$stage/env.tar.tmp" "${HPCTRAIN_STAGE_VENV:-.venv}"
     hpctrain_do mv "$stage/env.tar.tmp" "$stage/env.tar"
   fi
-  hpctrain_do tar -C "$HPCTRAIN_HOME" -cf "$stage/src.tar" --transform 's,^,src/,S' ${HPCTRAIN_STAGE_SRC:-hpctrain kernels data_tools}
+  hpctrain_do tar -C "$HPCTRAIN_HOME" -cf "$stage/src.tar" \
+    --transform 's,^\(kernels\|data_tools\)\(/\|$\),hpctrain/\1\2,S;s,^,src/,S' ${HPCTRAIN_STAGE_SRC:-hpctrain kernels data_tools}
 }
 
 hpctrain_stage_use() {

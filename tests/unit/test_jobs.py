@@ -2,6 +2,7 @@
 import os
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -115,6 +116,26 @@ def test_staging_plan_is_printed(tmp_path):
     _, app = app_tail(argv)
     assert app[0] == "/tmp/stage-x/.venv/bin/python"
     assert not (tmp_path / "env.tar").exists()              # a dry run changes nothing
+
+
+def test_staged_source_imports_the_tools_from_the_copy(tmp_path):
+    """src.tar puts kernels/ and data_tools/ inside the staged hpctrain/ (their installed place), so
+    the launch's PYTHONPATH=<stage>/src imports hpctrain.kernels and hpctrain.data_tools from the copy."""
+    tars = tmp_path / "tars"
+    tars.mkdir()
+    (tars / "env.tar").write_bytes(b"")                    # present: only src.tar is packed
+    r = subprocess.run(["bash", "-c", f"source {ROOT}/jobs/common/stage.sh && hpctrain_stage_pack"],
+                       env=clean_env(HPCTRAIN_HOME=str(ROOT), HPCTRAIN_STAGE_TARS=str(tars)),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    subprocess.run(["tar", "-C", str(tmp_path), "-xf", str(tars / "src.tar")], check=True)
+    assert sorted(os.listdir(tmp_path / "src")) == ["hpctrain"]
+    code = "import hpctrain.data_tools.sources as s, hpctrain.kernels._table as k; print(s.__file__, k.__file__)"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "src")}
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.stdout.split() == [str(tmp_path / "src/hpctrain/data_tools/sources.py"),
+                                  str(tmp_path / "src/hpctrain/kernels/_table.py")], out.stderr
 
 
 def bind(*cmd, **env):
