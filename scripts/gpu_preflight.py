@@ -1,7 +1,9 @@
 """Is this node ready for ``make test-gpu``? One line per missing piece, exit status 2; else one
 line saying what was found, exit status 0.
 
-The pieces (issue 34): torch built with CUDA that sees a device; CuPy that compiles a kernel with
+The pieces (issue 34): this checkout installed (``make gpu-venv``: kernels/ and data_tools/
+import as ``hpctrain.kernels`` / ``hpctrain.data_tools`` only through an install, issue 39);
+torch built with CUDA that sees a device; CuPy that compiles a kernel with
 NVRTC (``hpctrain.kernels``' own probe: ``cupy.is_available()`` alone passes where NVRTC
 cannot compile); an MPI library that mpi4py loads (asked in a child process, which initialises
 MPI and exits); the launcher ``mpiexec``; pytest-mpi and pytest-timeout. Without them the GPU
@@ -33,6 +35,23 @@ def check_torch() -> tuple[bool, str]:
         return False, (f"CUDA torch: torch {torch.__version__} sees no CUDA device "
                        f"(CUDA build: {torch.version.cuda or 'none'})")
     return True, f"torch {torch.__version__} on {torch.cuda.get_device_name(0)}"
+
+
+def check_install() -> tuple[bool, str]:
+    """``hpctrain.kernels`` and ``hpctrain.data_tools`` found in this checkout's top-level folders
+    (an editable install's finder maps them; PYTHONPATH alone does not, a stale install elsewhere
+    would test other code)."""
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    for name, folder in (("hpctrain.kernels", "kernels"), ("hpctrain.data_tools", "data_tools")):
+        try:
+            origin = getattr(importlib.util.find_spec(name), "origin", None)
+        except ImportError:
+            origin = None
+        if origin is None or os.path.realpath(origin) != os.path.realpath(os.path.join(ROOT, folder, "__init__.py")):
+            return False, (f"hpctrain installed from this checkout: {name} is {origin or 'not found'}, not "
+                           f"{folder}/ here (make gpu-venv; or PY -m pip install --no-deps --no-build-isolation -e .)")
+    return True, "hpctrain installed from this checkout"
 
 
 def check_cupy() -> tuple[bool, str]:
@@ -74,6 +93,7 @@ def check_module(label: str, module: str) -> tuple[bool, str]:
 
 
 CHECKS = {
+    "hpctrain": lambda a: check_install(),
     "torch": lambda a: check_torch(),
     "cupy": lambda a: check_cupy(),
     "libmpi": lambda a: check_libmpi(),

