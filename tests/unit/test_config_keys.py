@@ -250,6 +250,17 @@ def test_dataset_plugin_that_does_not_import_is_one_line(tmp_path):
     assert resolve_dataset(str(tmp_path), cfg.data.cache_dir, MPI.COMM_SELF) == str(tmp_path)
 
 
+def test_the_cli_refuses_a_dataset_plugin_before_the_job_starts(tmp_path):
+    """The same line and status as any config error, and no run directory made."""
+    code = ("import sys; from hpctrain import cli\n"
+            "sys.exit(cli.train_main(['--data', 'no_such_module_x:ramp', '--run-dir', sys.argv[1]]))\n")
+    run_dir = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-c", code, str(run_dir)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.startswith(
+        "hpctrain: error: config data.dataset: plugin 'no_such_module_x:ramp': cannot import"), r.stderr[-2000:]
+    assert not run_dir.exists()
+
+
 def test_schema_reads_the_options_where_another_annotation_does_not_resolve():
     from hpctrain.config.plugins import option_schema
 
