@@ -1,7 +1,7 @@
 """The sync benchmark's arithmetic: per-step phases, the hidden share, the table."""
 import pytest
 
-from hpctrain.bench import sync as bench
+from hpctrain.tools.bench import sync as bench
 
 
 def test_phase_ms_groups_spans_per_step():
