@@ -12,7 +12,7 @@ BENCHES = {
     "io": "hpctrain.tools.bench.io",
     "kernels": "hpctrain.tools.bench.kernels",
     "step": "hpctrain.tools.bench.step",
-    "sync": "hpctrain.tools.bench.sync",
+    "sync": "hpctrain.tools.bench.update",
 }
 
 
