@@ -16,12 +16,12 @@ if TYPE_CHECKING:
 # Subcommand → "module:function(argv) -> int", imported only when used.
 SUBCOMMANDS = {
     "train": "hpctrain.cli:train_main",
-    "bench": "hpctrain.bench:main",
-    "simulate": "hpctrain.sim.cli:main",
-    "study": "hpctrain.bench.study:main",
+    "bench": "hpctrain.tools.bench:main",
+    "simulate": "hpctrain.tools.sim.cli:main",
+    "study": "hpctrain.tools.bench.study:main",
     "report": "hpctrain.ops.report:main",
     "status": "hpctrain.ops.runstate:main",
-    "cluster": "hpctrain.cluster:main",
+    "cluster": "hpctrain.tools.cluster:main",
 }
 
 # Named flags: shortcuts for the most used ``--set`` keys.

@@ -13,7 +13,7 @@ anyone reproducing a fault by hand):
   after the copy (:func:`device_batches_forced`);
 * ``HPCTRAIN_CLUSTER_INJECT_FAULT=fail:K`` or ``hang:K``: ``cluster up`` fails (or hangs 60 s)
   once node K of the emulated cluster is built, to test its cleanup (:func:`cluster_fault`, read
-  by :mod:`hpctrain.cluster.netns` after each node).
+  by :mod:`hpctrain.tools.cluster.netns` after each node).
 
 One seam is not an environment variable: ``hpctrain.comm.ring.AS_TENSOR``, the device types
 whose buffers go to MPI as tensors, which tests monkeypatch to include ``"cpu"``.

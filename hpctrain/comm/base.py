@@ -81,10 +81,10 @@ class GradSync:
     def reduce_bucket(self, bucket: Bucket) -> Reduction:
         """Generator: ``bucket.out <- mean over ranks`` of ``bucket.flat`` (full precision:
         scale by ``gather_scale`` in the reduction), or of the packed, pre-divided
-        ``bucket.wire`` (a whole-bucket wire: leave the mean there, in place; the bucket decodes
+        ``bucket.packed`` (a whole-bucket wire: leave the mean there, in place; the bucket decodes
         it when read); returns found_inf, the same on every rank. Must not write
         ``bucket.flat`` (out of place), nor any bucket field: the wire's codec
-        (``bucket.codec``, ``bucket.link``) does the format work.
+        (``bucket.codec``, ``bucket.wire``) does the format work.
 
         Yields lists of MPI requests it waits on; must not touch ``p.grad``.
         """

@@ -53,13 +53,13 @@ class Bucket:
     bufs: list              # two 1-D buffers, dtype of the parameters
     index: int
     k: int = 1              # round t's input is bufs[k] (flipped when a round starts)
-    link: Wire = field(default_factory=Wire)    # what crosses between ranks (hpctrain.comm.wire),
+    wire: Wire = field(default_factory=Wire)    # what crosses between ranks (hpctrain.comm.wire),
                             # made with the bucket and never replaced; Wire(): full precision, no buffer
     views: list = field(default_factory=list, repr=False)   # views[j][i]: params[i]'s slice of bufs[j]
     staging: staging_lib.Staging | None = None   # device buckets: the device buffers the views
                             # live in (hpctrain.comm.staging); None: the views live in ``bufs``
-    _encoded: bool = field(default=False, init=False, repr=False)  # the mean is still in the
-                            # wire, packed (read: ``result``; bound: ``scatter``)
+    _encoded: bool = field(default=False, init=False, repr=False)  # the mean is still in
+                            # ``packed`` (read: ``result``; bound: ``scatter``)
 
     def __post_init__(self):
         homes = self.bufs if self.staging is None else self.staging.dev
@@ -73,15 +73,15 @@ class Bucket:
         return homes[j][self.offsets[i]:self.offsets[i] + self.params[i].numel()]
 
     @property
-    def wire(self) -> torch.Tensor | None:
-        """The buffer the whole bucket travels in, packed (None: ``flat``/``out`` travel
-        themselves). Read-only: the wire belongs to the bucket."""
-        return self.link.buf if self.link.packs_bucket else None
+    def packed(self) -> torch.Tensor | None:
+        """The whole bucket packed into its wire's buffer, as it travels (None: ``flat``/``out``
+        travel themselves). Read-only: the wire belongs to the bucket."""
+        return self.wire.buf if self.wire.packs_bucket else None
 
     @property
     def codec(self) -> Codec:
         """The codec of this bucket's wire (read-only)."""
-        return self.link.codec
+        return self.wire.codec
 
     @property
     def flat(self) -> torch.Tensor:
@@ -103,10 +103,10 @@ class Bucket:
         staged bucket, copied to its device buffer on first read - an encoded mean as fp16,
         decoded there - and returned from there)."""
         if self.staging is not None:
-            wire, self._encoded = (self.link if self._encoded else None), False
-            return self.staging.to_device(self.out, self.staging.dev[1 - self.k], wire)
+            encoded, self._encoded = (self.wire if self._encoded else None), False
+            return self.staging.to_device(self.out, self.staging.dev[1 - self.k], encoded)
         if self._encoded:
-            self.link.unpack([self.out])
+            self.wire.unpack([self.out])
             self._encoded = False
         return self.out
 
@@ -117,10 +117,10 @@ class Bucket:
         (:mod:`hpctrain.comm.staging`). Returns what the reduction must wait on."""
         st = self.staging
         assert st is not None
-        if not self.link.packs_bucket:
+        if not self.wire.packs_bucket:
             return st.to_host(st.dev[self.k], self.flat)
         self._encoded = True        # the round's values (then the mean) are in the wire
-        return st.to_host(st.dev[self.k], self.flat, self.link, scale)
+        return st.to_host(st.dev[self.k], self.flat, self.wire, scale)
 
     def next_round(self) -> None:
         """Swap the buffers: the last round's ``out`` (where ``p.grad`` views point after a
@@ -139,7 +139,7 @@ class Bucket:
         scaling to the reduction, which folds it into its last add.
         """
         mine, theirs = self.views[self.k], self.views[1 - self.k]
-        packed = self.link.packs_bucket and self.staging is None    # staged: packed in stage_in
+        pack_here = self.wire.packs_bucket and self.staging is None    # staged: packed in stage_in
         srcs = []
         for i, (p, v) in enumerate(zip(self.params, mine)):
             g = p.grad
@@ -148,12 +148,12 @@ class Bucket:
             elif g is theirs[i]:
                 v.copy_(g)
                 p.grad = g = v
-            elif g is not v and (not packed or not (g.is_contiguous() and v.is_contiguous())):
+            elif g is not v and (not pack_here or not (g.is_contiguous() and v.is_contiguous())):
                 v.copy_(g)      # packed: a strided view is packed in memory order, from v
                 g = v
             srcs.append(self.segment(self.k, i) if g is v else g.reshape(-1))
-        if packed:          # the round's values (then the mean, in place) are in the wire
-            self.link.pack(srcs, scale)
+        if pack_here:       # the round's values (then the mean, in place) are in the wire
+            self.wire.pack(srcs, scale)
             self._encoded = True
 
     def scatter_grads(self) -> None:
@@ -259,10 +259,10 @@ def make_buckets(params, bucket_bytes: int, alloc=None, direct_ok: bool = False,
                     for which in (0, 1)]
         else:
             bufs = [alloc(n, dtype, i, which) for which in (0, 1)]
-        link = wire(i, n, dtype) if wire is not None else Wire()
+        bucket_wire = wire(i, n, dtype) if wire is not None else Wire()
         if staging is not None:
-            link.stage(staging)
-        out.append(Bucket(params=group, offsets=offsets, bufs=bufs, index=i, link=link, staging=staging))
+            bucket_wire.stage(staging)
+        out.append(Bucket(params=group, offsets=offsets, bufs=bufs, index=i, wire=bucket_wire, staging=staging))
     registry.register([buf for b in out if b.staging is not None for buf in b.bufs])
     return out
 

@@ -28,7 +28,7 @@ class FlatSync(GradSync):
         n = self.comm.Get_size()
         self._rings = []
         for b, comm in zip(self.buckets, self._comms):    # b.codec: its wire's (GradSync._wire)
-            dtype = b.bufs[0].dtype if b.wire is None else b.wire.dtype
+            dtype = b.bufs[0].dtype if b.packed is None else b.packed.dtype
             # measured on the bucket's own buffers (overwritten by the first round anyway), as
             # a training step will call it: blocking unless overlapped
             method = tuner.choose(comm, b.bufs[0], b.bufs[1], b.codec, self.gather_scale,
@@ -37,9 +37,9 @@ class FlatSync(GradSync):
 
     def reduce_bucket(self, bucket: Bucket) -> Reduction:
         i = bucket.index
-        if bucket.wire is not None:         # packed and pre-divided by gather_grads; in place
+        if bucket.packed is not None:       # packed and pre-divided by gather_grads; in place
             return (yield from allreduce_bucket(self._rings[i], self._comms[i], bucket.codec,
-                                                bucket.wire, bucket.wire))
+                                                bucket.packed, bucket.packed))
         return (yield from allreduce_bucket(self._rings[i], self._comms[i], bucket.codec,
                                             bucket.flat, bucket.out, self.gather_scale,
                                             blocking=self.blocking_round))

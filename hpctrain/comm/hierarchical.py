@@ -89,7 +89,7 @@ class HierarchicalSync(GradSync):
                 # measured (tune) across nodes on this slice of this rank's output, in place
                 # and non-blocking as the reduction runs it; every rank of the inter
                 # communicator has the same slice sizes, so they measure alike
-                mine, wire = b.bufs[1][sl], b.link.buf
+                mine, wire = b.bufs[1][sl], b.wire.buf
                 method = tuner.choose(self._inter[b.index], mine, mine, b.codec, 1.0, False,
                                       self.tune, self.measured)
                 ring = RingBuffers(sl.stop - sl.start, dtype if wire is None else wire.dtype, t.n_nodes,
@@ -138,7 +138,7 @@ class HierarchicalSync(GradSync):
                 found = sum_into(srcs, mine, self.gather_scale, copies=others, check=True)
             else:               # level 2, across nodes: fp16 only here, the window stays fp32
                 sum_into(srcs, mine, self.gather_scale)
-                wire = bucket.link
+                wire = bucket.wire
                 if wire.buf is not None:
                     wire.pack([mine])
                     found = yield from allreduce_bucket(ring, self._inter[i], wire.codec, wire.buf, wire.buf)

@@ -11,7 +11,7 @@ driver by :class:`hpctrain.comm.cuda_mpi.HostRegistry`). A round is::
     event -> the reduction, once the event has completed, host to host -> host-to-device copy
     on the compute stream -> [unpack fp16 on the device] -> dev[1-k], the p.grad views
 
-A compressed bucket (``bucket.wire``: ``flat`` with fp16) packs its gradients on the device with
+A compressed bucket (``bucket.packed``: ``flat`` with fp16) packs its gradients on the device with
 ``kernels.pack_fp16`` (its wire's ``pack``: the CuPy kernel on CUDA tensors, its torch reference
 on CPU stand-ins) into a device wire buffer and copies only that (half the bytes) into the host
 wire, which the ring reduces; the mean comes back as fp16 and is unpacked on the device

@@ -24,7 +24,7 @@ Version 3 adds to each shard entry ``blocks``: ``{"bytes": B, "file_bytes": S, "
 "data": [[a, b], ...]}``, the SHA-256 of every ``B``-byte range of the ``S``-byte file (block k is
 bytes ``k*B .. min((k+1)*B, S)``) and the block ranges ``[a, b)`` that lie wholly inside the
 contiguous storage of ``x`` or ``y``: those are checked as the reader first reads them, all other
-blocks (HDF5 metadata, free space) when the file is opened (``shards.py``). ``blocks`` is optional
+blocks (HDF5 metadata, free space) when the file is opened (``shard_checks.py``). ``blocks`` is optional
 (an entry without it is checked whole, as in v2). Version 4 lets ``blocks`` name its digest: one
 key of :data:`BLOCK_DIGESTS` holds the list, ``"xxh3_128"`` (32 hex digits, what the writer makes
 by default) or ``"sha256"``. Why XXH3-128 for blocks: it finds the corruption a block check is for

@@ -15,7 +15,7 @@ the last one each rank copied out. Sequence numbers are ``call * 2**32 + step + 
 ``call`` counts :meth:`start` calls, identical on the node's ranks because they train in step.
 JPEG shards are decoded by the reader rank on its decode workers, with each rank's own crops
 (the slots have a fixed size). The reader's shards
-are SHA-256-checked (``shards.py``); the other ranks of the node trust its verdict.
+are SHA-256-checked (``shard_checks.py``); the other ranks of the node trust its verdict.
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ class NodeReader:
         self.ranks = node_comm.allgather(loader.rank)       # world rank of each local rank
         # the reader checked the shards' SHA-256 (same files): the others' sets need not hash them
         # again when read outside the window (job.py's model check reads two samples)
-        verified = node_comm.bcast(sorted(loader.shards.verified) if self.local_rank == 0 else None, root=0)
+        verified = node_comm.bcast(sorted(loader.shards.checks.verified) if self.local_rank == 0 else None, root=0)
         if self.local_rank:
             loader.shards.mark_verified(verified)
         idx = loader.shards.index

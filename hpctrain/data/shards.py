@@ -1,67 +1,36 @@
 """Reading one split of a shard directory (format: :mod:`hpctrain.data.index`): validation of
-each file against the index, contiguous reads, integrity.
-
-Integrity (``ShardSet(verify=…)``, default ``"shared"``): no byte of a shard is used before it
-has matched a digest of the index. Two ways, by what the index holds:
-
-* **per block, as read** (index v3 to v5, raw samples; :mod:`hpctrain.data.blocks`): the index lists the
-  XXH3-128 (v4, v5; SHA-256 in v3) of every block of about 1 MiB of each file and which blocks lie inside
-  the storage of ``x`` or ``y``. All other blocks (HDF5 metadata, free space: a few per file) are
-  checked before HDF5 parses the file — with a communicator collectively at construction, shard *k* by rank
-  ``k % P``, verdicts allgathered, so every rank raises the same :class:`ShardError` naming the
-  shard and block. A data block is checked when a read first touches it, from the bytes just read
-  into the loader's buffer (``pread``; with ``mpio``, the buffer HDF5 filled), the rest of a
-  block cut by the read's ends read on the side. So the first epoch reads the data once, not
-  twice; XXH3 hashes in the reading thread, SHA-256 in a small pool beside it. A mismatch is found by the rank
-  that reads the block, in its loader thread: the error takes the place of the batch, so no step
-  uses it; the training thread raises it and the abort hook ends every rank with that one line
-  (the others wait in the step's collectives), as for a label out of range.
-* **whole files, at open** (v1/v2 indexes, v3 entries without ``blocks``, JPEG shards whose
-  samples live in HDF5's heap): each shard's file SHA-256, collectively at construction as
-  above, or without a communicator when this process first opens the shard (in the loader's
-  thread when the loader reads). It costs one extra read of the split per job, shared over the
-  ranks.
-
-Why fixed byte blocks and not an incremental hash of each file: the block plan reads shuffled
-runs, never a file front to back, and a file digest cannot be assembled from pieces out of order.
-Why byte blocks and not per-sample digests: they cover every byte (metadata included), need no
-knowledge of the sample layout in the index, and a 1 MiB block costs 35 bytes of index (a 140 GB
-dataset: 5 MB) where per-sample digests would cost one per 150 KB image or 3 KB CIFAR sample.
-``"node"``: the ranks of each node share the at-open work over their own view of the files, for
-node-local copies; ``"off"``: no hashing. Neither way sees a file changed on disk after its check
-(labels stay range-checked on every read, and HDF5 checks its own structures).
+each file against the index, contiguous reads. Integrity (``ShardSet(verify=…)``: every byte
+matched against the index's digests before it is used) is :mod:`hpctrain.data.shard_checks`'s.
 """
 from __future__ import annotations
 
 import atexit
 import os
-import time
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 
 import h5py
 import numpy as np
 
-from hpctrain.data.blocks import BlockCheck
 from hpctrain.data.direct import DirectExtent
 from hpctrain.data.hdf5 import choose_driver, open_read
-from hpctrain.data.index import DIGEST_LABELS, ShardError, ShardIndex, file_digests, file_sha256
+from hpctrain.data.index import ShardError, ShardIndex
+from hpctrain.data.shard_checks import ShardChecks
 
-VERIFY_MODES = ("shared", "node", "off")
-HASH_THREADS = max(1, min(4, os.cpu_count() or 1))   # files hashed at once by one process (no comm, 1 rank)
+VERIFY_MODES = ("shared", "node", "off")        # ShardSet(verify=...); what each does: shard_checks
 
 
 class ShardSet:
     """One split of a shard directory, read by global sample index in contiguous ranges.
 
     Each opened file is checked against the index (sample count, shape, dtype) so a truncated or
-    foreign file fails with its name; labels are range-checked on every read. ``verify`` (see the
-    module docstring): with ``comm`` given, construction is collective — every shard's metadata
-    blocks (v3) or whole file (v1/v2) are checked here, shared over the ranks, before anything is
-    opened; without, by this process when it first opens the shard. Data blocks (v3) are checked
-    as they are first read. ``per_block=False`` ignores the block digests (the whole-file check).
-    With the serial driver files open lazily; with ``mpio`` (see ``hdf5.py``) all of them open
-    collectively here, and :meth:`close` is collective too.
+    foreign file fails with its name; labels are range-checked on every read. ``verify`` (see
+    :mod:`hpctrain.data.shard_checks`; what has been checked: ``checks``): with ``comm`` given,
+    construction is collective — every shard's metadata blocks (v3) or whole file (v1/v2) are
+    checked here, shared over the ranks, before anything is opened; without, by this process when
+    it first opens the shard. Data blocks (v3) are checked as they are first read.
+    ``per_block=False`` ignores the block digests (the whole-file check). With the serial driver
+    files open lazily; with ``mpio`` (see ``hdf5.py``) all of them open collectively here, and
+    :meth:`close` is collective too.
     """
 
     def __init__(self, index: ShardIndex, split: str, *, comm=None, driver: str = "auto",
@@ -71,27 +40,22 @@ class ShardSet:
         self.index = index
         self.split_name = split
         self.entries = index.split(split)["shards"]
+        # index v3, read by pread: data blocks checked as read, the rest at open (shard_checks)
+        self.checks = ShardChecks([self.path(i) for i in range(len(self.entries))], self.entries, verify,
+                                  on_read=per_block and index.encoding == "raw")
         counts = [e["num_samples"] for e in self.entries]
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.num_samples = int(self.starts[-1])
         self.comm = comm
         self.driver, self.driver_reason = choose_driver(driver, comm)
-        self.verify_mode = verify
-        self.verified: set[int] = set()           # shards whose SHA-256 matched (here or on the node reader)
-        self.verify_s, self.verify_ranks = 0.0, 0  # seconds this process hashed; ranks that shared the pass
         self._files: dict[int, h5py.File] = {}
         self._datasets: dict[int, tuple] = {}
         self._direct: dict[int, tuple] = {}       # (x, y) DirectExtent or None, serial driver only
         self._stored: dict[int, tuple] = {}       # (x, y) extents whose bytes HDF5 reads as stored (mpio)
         self._fds: dict[int, int] = {}
-        self._hash_pool: ThreadPoolExecutor | None = None
-        # index v3, read by pread: data blocks checked as read, the rest at open (module docstring)
-        on_read = per_block and verify != "off" and index.encoding == "raw"
-        self._blocks = {i: BlockCheck(self.path(i), e["blocks"]) for i, e in enumerate(self.entries)
-                        if on_read and "blocks" in e}
         atexit.register(_close_at_exit, weakref.ref(self))   # before h5py tears files down at exit
         if verify != "off" and comm is not None:
-            self._verify_collective()
+            self.checks.collective(comm, index.directory)
         if self.driver == "mpio":
             for i in range(len(self.entries)):
                 self._open(i)
@@ -104,106 +68,19 @@ class ShardSet:
         how = (f"parallel HDF5 (driver='mpio', collective open over {self.comm.Get_size()} ranks, "
                f"independent reads)" if self.driver == "mpio" else
                f"serial per-shard files, contiguous datasets read by pread ({self.driver_reason})")
-        if self.verify_mode == "off":
-            check = "checksums not checked (verify off)"
-        elif self._blocks:
-            first = next(iter(self._blocks.values()))
-            whole = len(self.entries) - len(self._blocks)
-            check = (f"{DIGEST_LABELS[first.digest]} of {first.block_bytes >> 10} KiB blocks: "
-                     f"metadata blocks checked at open"
-                     f"{f' over {self.verify_ranks} rank(s)' if self.verify_ranks else ''}, data blocks as first read"
-                     f"{f'; {whole} shard(s) without block digests checked whole' if whole else ''}")
-        elif self.verify_ranks:
-            check = (f"SHA-256 of every shard checked at open, {self.verify_mode} over {self.verify_ranks} "
-                     f"rank(s) ({self.verify_s:.2f} s here)")
-        else:
-            check = "SHA-256 of each shard checked when this process first opens it"
         return (f"data {self.split_name}: {how}; {len(self.entries)} shard(s), {self.num_samples} samples, "
-                f"{self.index.encoding} {self.index.dtype} {tuple(self.index.sample_shape)}; {check}")
-
-    # --- integrity -----------------------------------------------------------------------------
-
-    def _sha256_problem(self, i: int) -> str | None:
-        """``None`` when shard ``i`` hashes to its index entry, else the one-line reason."""
-        path, want = self.path(i), self.entries[i]["sha256"].lower()
-        try:
-            got = file_sha256(path)
-        except FileNotFoundError:
-            return f"{path}: shard file missing"
-        except OSError as exc:
-            return f"{path}: cannot read shard ({exc.strerror or exc})"
-        return None if got == want else f"{path}: checksum mismatch (file changed or truncated)"
-
-    def _at_open_problem(self, i: int) -> str | None:
-        """The check made before shard ``i`` is opened: its non-data blocks (v3), else the whole file."""
-        blk = self._blocks.get(i)
-        return self._sha256_problem(i) if blk is None else blk.check(blk.at_open())
-
-    def _full_problem(self, i: int) -> str | None:
-        """The whole file's SHA-256 and, where the index has them, every block's, in one read."""
-        blocks = self.entries[i].get("blocks")
-        if blocks is None:
-            return self._sha256_problem(i)
-        path, check = self.path(i), BlockCheck(self.path(i), blocks)
-        problem = check.size_problem()
-        if problem:
-            return problem
-        try:
-            whole, got = file_digests(path, check.block_bytes, check.digest, check.grid.origin)
-        except OSError as exc:
-            return f"{path}: cannot read shard ({exc.strerror or exc})"
-        bad = next((p for p in map(check.problem, range(len(got)), map(bytes.fromhex, got)) if p), None)
-        return bad or (None if whole == self.entries[i]["sha256"].lower() else
-                       f"{path}: checksum mismatch (file changed or truncated)")
-
-    def _first_problem(self, shards: list[int], threads: int, check=None) -> tuple[int, str] | None:
-        """Check ``shards`` (``threads`` at once: hashlib and reads release the GIL); the lowest bad one."""
-        check = check or self._at_open_problem
-        t0 = time.perf_counter()
-        if threads > 1 and len(shards) > 1:
-            with ThreadPoolExecutor(min(threads, len(shards)), thread_name_prefix="hpctrain-sha256") as pool:
-                found = list(pool.map(check, shards))
-        else:
-            found = [check(i) for i in shards]
-        self.verify_s += time.perf_counter() - t0
-        return next(((i, p) for i, p in zip(shards, found) if p), None)
-
-    def _verify_collective(self) -> None:
-        """Collective over ``comm``: each shard hashed by one rank (of the node, with ``node``), verdicts
-        allgathered; every rank raises the same ShardError naming the lowest bad shard."""
-        from mpi4py import MPI
-        comm = self.comm
-        group = comm.Split_type(MPI.COMM_TYPE_SHARED) if self.verify_mode == "node" else comm
-        try:
-            rank, size = group.Get_rank(), group.Get_size()
-            threads = 1 if comm.Get_size() > 1 else HASH_THREADS
-            problem = self._first_problem(list(range(rank, len(self.entries), size)), threads)
-        except Exception as exc:          # never leave the other ranks waiting in the allgather
-            problem = (-1, f"{self.index.directory}: checksum pass failed on rank {comm.Get_rank()}: {exc}")
-        finally:
-            if group is not comm:
-                group.Free()
-        problems = [p for p in comm.allgather(problem) if p]
-        if problems:
-            raise ShardError(min(problems)[1])
-        self.verify_ranks = size
-        self.verified.update(range(len(self.entries)))
-        for blk in self._blocks.values():           # checked by another rank: agreed above
-            blk.mark_done(blk.at_open())
+                f"{self.index.encoding} {self.index.dtype} {tuple(self.index.sample_shape)}; "
+                f"{self.checks.describe()}")
 
     def mark_verified(self, shards) -> None:
         """Trust ``shards`` as checked by another process reading the same files (the node reader)."""
-        self.verified.update(int(i) for i in shards)
+        self.checks.mark_verified(shards)
 
     def _open(self, i: int) -> h5py.File:
         if i in self._files:
             return self._files[i]
         entry, path = self.entries[i], self.path(i)
-        if self.verify_mode != "off" and i not in self.verified:
-            problem = self._first_problem([i], 1)    # without a communicator: at first open, here
-            if problem:
-                raise ShardError(problem[1])
-            self.verified.add(i)
+        self.checks.before_open(i)                  # without a communicator: at first open, here
         if not os.path.exists(path):
             raise ShardError(f"{path}: shard file missing")
         try:
@@ -219,9 +96,9 @@ class ShardSet:
         self._datasets[i] = (fh["x"], fh["y"])       # a lookup by name opens the object anew: do it once
         if self.driver == "serial":
             self._direct_extents(i, path)
-        elif i in self._blocks:
+        elif i in self.checks.blocks:
             self._stored[i] = tuple(DirectExtent.of(ds, path, -1) for ds in self._datasets[i])
-        if i in self._blocks:
+        if i in self.checks.blocks:
             self._check_unread_blocks(i)
         return fh
 
@@ -229,8 +106,7 @@ class ShardSet:
         """Data blocks that this set will not read by ``pread`` (read through HDF5) are checked now."""
         (ex, ey), dy = self._direct.get(i) or self._stored.get(i, (None, None)), self._datasets[i][1]
         extents = [(e.offset, e.end()) for e in (ex, ey if dy.dtype == np.int64 else None) if e is not None]
-        blk = self._blocks[i]
-        problem = blk.check(blk.only_read_by(extents))
+        problem = self.checks.unread_blocks(i, extents)
         if problem:
             self.close_one(i)
             raise ShardError(problem)
@@ -316,14 +192,14 @@ class ShardSet:
             n = hi - lo
             try:
                 if ex is not None:
-                    self._read_direct(i, ex, lo, hi, x[off:off + n])
+                    self.checks.read_direct(i, ex, lo, hi, x[off:off + n])
                 elif self.index.encoding == "jpeg":
                     x[off:off + n] = dx[lo:hi]
                 elif n:
                     dx.read_direct(x, np.s_[lo:hi], np.s_[off:off + n])
                     self._check_stored(i, 0, lo, hi, x[off:off + n])
                 if ey is not None and dy.dtype == np.int64:
-                    self._read_direct(i, ey, lo, hi, y[off:off + n])
+                    self.checks.read_direct(i, ey, lo, hi, y[off:off + n])
                 else:
                     y[off:off + n] = dy[lo:hi]
                     self._check_stored(i, 1, lo, hi, y[off:off + n])
@@ -331,37 +207,13 @@ class ShardSet:
                 raise ShardError(f"{self.path(i)}: read of samples {lo}..{hi} failed (truncated? {exc})") from None
             self._check_labels(y[off:off + n], i, lo)
 
-    def _read_direct(self, i: int, ext: DirectExtent, lo: int, hi: int, out: np.ndarray) -> None:
-        """Rows ``[lo, hi)`` by ``pread``, checking the blocks not yet checked (v3)."""
-        blk = self._blocks.get(i)
-        if blk is not None:
-            pos, n = ext.span(lo, hi)
-            if blk.read_into(ext.fd, pos, memoryview(out).cast("B")[:n], self._pool()):  # type: ignore[arg-type]  # numpy stub: buffers only on 3.12+
-                return
-        ext.read_into(lo, hi, out)
-
-    def _pool(self) -> ThreadPoolExecutor | None:
-        if self._hash_pool is None and HASH_THREADS > 1:
-            self._hash_pool = ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="hpctrain-block")
-        return self._hash_pool
-
     def _check_stored(self, i: int, which: int, lo: int, hi: int, out: np.ndarray) -> None:
-        """After HDF5 read rows ``[lo, hi)`` of a dataset stored as read (``mpio``): check the blocks
-        they touch; the rest of a block cut by the range is read through HDF5 too."""
-        blk, ext = self._blocks.get(i), self._stored.get(i, (None, None))[which]
+        """Rows ``[lo, hi)`` of dataset ``which`` (0: x, 1: y) just read by HDF5: their blocks checked
+        where the dataset is stored as read (``mpio``); labels stored as another integer type than
+        int64 had their blocks checked at open."""
         ds = self._datasets[i][which]
-        if blk is None or ext is None or hi <= lo or (which == 1 and ds.dtype != np.int64):
-            return                  # labels stored as another integer type: their blocks were checked at open
-
-        def read_bytes(pos: int, view: memoryview) -> None:
-            r0 = (pos - ext.offset) // ext.row_bytes
-            r1 = -(-(pos + len(view) - ext.offset) // ext.row_bytes)
-            raw = memoryview(np.ascontiguousarray(ds[r0:r1])).cast("B")  # type: ignore[arg-type]  # numpy stub: buffers only on 3.12+
-            skip = pos - ext.offset - r0 * ext.row_bytes
-            view[:] = raw[skip:skip + len(view)]
-
-        pos, n = ext.span(lo, hi)
-        blk.check_read(pos, memoryview(out).cast("B")[:n], read_bytes, self._pool())  # type: ignore[arg-type]  # numpy stub: buffers only on 3.12+
+        if which == 0 or ds.dtype == np.int64:
+            self.checks.check_stored(i, self._stored.get(i, (None, None))[which], ds, lo, hi, out)
 
     def check(self) -> None:
         """Open every shard and check it against the index (cheap: metadata only)."""
@@ -377,20 +229,13 @@ class ShardSet:
     def verify(self) -> None:
         """Check every shard's SHA-256, and every block's (v3/v4), against the index now (reads every
         byte once; local, threaded)."""
-        problem = self._first_problem(list(range(len(self.entries))), HASH_THREADS, self._full_problem)
-        if problem:
-            raise ShardError(problem[1])
-        self.verified.update(range(len(self.entries)))
-        for blk in self._blocks.values():
-            blk.mark_done(range(len(blk.want)))
+        self.checks.verify_all()
 
     def close(self) -> None:
         """Close the open files (collective with ``mpio``: every rank must call it)."""
         for i in sorted(self._files):
             self.close_one(i)
-        if self._hash_pool is not None:
-            self._hash_pool.shutdown()
-            self._hash_pool = None
+        self.checks.close()
 
 
 def _close_at_exit(ref) -> None:

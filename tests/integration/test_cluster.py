@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpctrain.cluster import netns
-from hpctrain.cluster.spec import ClusterSpec, tbf_params
+from hpctrain.tools.cluster import netns
+from hpctrain.tools.cluster.spec import ClusterSpec, tbf_params
 from hpctrain.testhooks import CLUSTER_INJECT_FAULT
 from tests.integration.mpirun import mpirun
 

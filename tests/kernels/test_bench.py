@@ -4,7 +4,7 @@ import json
 import pytest
 
 from hpctrain import kernels
-from hpctrain.bench.kernels import main, split_sizes
+from hpctrain.tools.bench.kernels import main, split_sizes
 
 
 def test_split_sizes_adds_up_and_varies():

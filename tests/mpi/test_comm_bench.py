@@ -4,7 +4,7 @@ import json
 import pytest
 from mpi4py import MPI
 
-from hpctrain.bench import allreduce
+from hpctrain.tools.bench import allreduce
 
 
 def n_nodes(comm):

@@ -3,7 +3,7 @@ the baseline, the hook's rows saying how hpctrain reduced DDP's buckets."""
 import pytest
 import torch.distributed as dist
 
-from hpctrain.bench import ddp
+from hpctrain.tools.bench import ddp
 from tests.mpi.bench_rows import bench_rows
 
 

@@ -1,7 +1,7 @@
 """The step benchmark runs end to end in one MPI job and writes one JSON row per contender."""
 import pytest
 
-from hpctrain.bench import step
+from hpctrain.tools.bench import step
 from tests.mpi.bench_rows import bench_rows
 
 

@@ -61,7 +61,7 @@ def test_strategy_mean_matches_mpi_allreduce(strategy, closer):
     params = [torch.nn.Parameter(torch.zeros(k)) for k in sizes]
     sync = closer(comm_lib.create(strategy, params, topo, bucket_bytes=1 << 20, compression=NAME))
     if strategy == "flat" and n > 1:                           # hierarchical packs per slice
-        assert any(b.wire is not None and b.codec.name == "bf16" for b in sync.buckets)
+        assert any(b.packed is not None and b.codec.name == "bf16" for b in sync.buckets)
     rng = np.random.default_rng(comm.Get_rank())
     grads = [torch.from_numpy((rng.standard_normal(k) * 3).astype(np.float32)) for k in sizes]
     for p, g in zip(params, grads):

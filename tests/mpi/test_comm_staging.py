@@ -177,7 +177,7 @@ def test_fp16_crosses_as_fp16_packed_on_the_device(overlap, monkeypatch, closer)
     monkeypatch.setattr(FP16Compression, "pack", spy)
     sizes, bucket_bytes = CASES["big"]
     params, sync = make("flat", "fp16", topo, sizes, bucket_bytes, overlap, True, monkeypatch, closer)
-    compressed = [b for b in sync.buckets if b.wire is not None]
+    compressed = [b for b in sync.buckets if b.packed is not None]
     assert len(compressed) == (comm.Get_size() > 1)
     for b in compressed:
         for buf in b.bufs:

@@ -123,7 +123,7 @@ def test_mean_is_readable_per_bucket_without_scatter(strategy, codec, closer):
     params = params_of([5, 30000, 7, 11], torch.float32)    # 120 KB: compressed where allowed
     sync = closer(comm_lib.create(strategy, params, topo, bucket_bytes=128 * 1024, compression=codec))
     if strategy == "flat" and codec == "fp16" and n > 1:
-        assert any(b.wire is not None for b in sync.buckets)
+        assert any(b.packed is not None for b in sync.buckets)
     for p in params[:-1]:
         p.grad = torch.full_like(p, float(comm.Get_rank()))
     sync.begin()

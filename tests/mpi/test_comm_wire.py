@@ -38,12 +38,12 @@ def test_strategies_reduce_through_the_bucket_wire_without_setting_it(strategy, 
     params = [torch.nn.Parameter(torch.zeros(k)) for k in SIZES]
     sync = closer(comm_lib.create(strategy, params, topo, bucket_bytes=1 << 20, compression="fp16"))
     (b,) = sync.buckets
-    link, buf = b.link, b.link.buf
+    wire, buf = b.wire, b.wire.buf
     if n > 1:               # one rank sends nothing: full precision
         assert b.codec.name == "fp16" and buf is not None and buf.dtype == torch.float16
         # flat: the whole bucket travels packed; hierarchical: this rank's slice across nodes
-        assert (b.wire is buf) if strategy == "flat" else (b.wire is None)
-    for field in ("wire", "codec"):
+        assert (b.packed is buf) if strategy == "flat" else (b.packed is None)
+    for field in ("packed", "codec"):
         with pytest.raises(AttributeError):
             setattr(b, field, None)
     rng = np.random.default_rng(r)
@@ -56,7 +56,7 @@ def test_strategies_reduce_through_the_bucket_wire_without_setting_it(strategy, 
     sync.close()                # collective; p.grad become private copies of the means
     monkeypatch.undo()
     assert seen == [], "strategies assigned bucket fields"
-    assert b.link is link and b.link.buf is buf
+    assert b.wire is wire and b.wire.buf is buf
     for p, g in zip(params, grads):
         mean = np.empty_like(g, dtype=np.float64)
         comm.Allreduce(g.astype(np.float64), mean, op=MPI.SUM)

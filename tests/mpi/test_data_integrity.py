@@ -3,7 +3,7 @@
 ``mpiexec -n 2 .venv/bin/python -m pytest --only-mpi --color=no tests/mpi/test_data_integrity.py``
 
 Opening a set with a communicator is collective: shard k is hashed by rank ``k % P`` and the
-verdicts are allgathered (``shards.py``), so with 2 ranks shard 2 is hashed by rank 0 alone and
+verdicts are allgathered (``shard_checks.py``), so with 2 ranks shard 2 is hashed by rank 0 alone and
 rank 1 must still raise. Constructors that raise open nothing; every set that opened is closed
 in the test (collective with ``mpio``) on every rank.
 """
@@ -84,10 +84,10 @@ def test_intact_data_reads_identically(base, driver):
     checked = ShardSet(idx, "train", comm=comm, driver=driver)
     plain = ShardSet(idx, "train", verify="off", driver="serial")
     try:
-        assert checked.driver == driver and checked.verified == set(range(4))
+        assert checked.driver == driver and checked.checks.verified == set(range(4))
         n = comm.Get_size()                      # index v3: metadata blocks at open, the rest as read
         said = f"metadata blocks checked at open over {n} rank(s), data blocks as first read"
-        assert checked.verify_ranks == n and said in checked.describe()
+        assert checked.checks.verify_ranks == n and said in checked.describe()
         lo, hi = 7 * comm.Get_rank(), checked.num_samples - 3
         for got, want in zip(checked.read_range(lo, hi), plain.read_range(lo, hi)):
             np.testing.assert_array_equal(got, want)
@@ -109,10 +109,10 @@ def test_node_readers_verdict_is_shared_with_the_node():
         comm.Barrier()
         ld = train_loader(read_index(d), topo, batch_size=4, reader="node", hdf5_driver="serial")
         try:
-            assert ld.shards.verified == set(range(2))
-            assert (ld.shards.verify_s > 0) == (topo.local_rank == 0)
+            assert ld.shards.checks.verified == set(range(2))
+            assert (ld.shards.checks.verify_s > 0) == (topo.local_rank == 0)
             x, _ = ld.shards.read_range(0, 2)                   # as job.py's model check does
-            assert x.shape == (2, 1, 8, 8) and (ld.shards.verify_s > 0) == (topo.local_rank == 0)
+            assert x.shape == (2, 1, 8, 8) and (ld.shards.checks.verify_s > 0) == (topo.local_rank == 0)
         finally:
             ld.close()
     finally:
@@ -185,7 +185,7 @@ def test_clean_small_blocks_read_identically(small_blocks):
         lo, hi = 7 * comm.Get_rank(), checked.num_samples - 3
         for got, want in zip(checked.read_range(lo, hi), plain.read_range(lo, hi)):
             np.testing.assert_array_equal(got, want)
-        assert all(c.done[c.data].sum() > 0 for c in checked._blocks.values())
+        assert all(c.done[c.data].sum() > 0 for c in checked.checks.blocks.values())
     finally:
         plain.close()
         checked.close()

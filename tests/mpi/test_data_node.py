@@ -99,7 +99,7 @@ def test_factory_loaders_agree(dataset, reader, driver, closer):
 def test_node_reader_cuts_each_ranks_jpeg_crops(closer, tmp_path_factory):
     """Whole-image JPEG shards: the node's reader decodes every local rank's batches with that
     rank's crops (its world rank, its sample positions), the same as the rank decoding them itself."""
-    from hpctrain.bench.input_data import photos
+    from hpctrain.tools.bench.input_data import photos
     from tests.unit.test_data_jpeg_loader import write_jpeg_shards
     comm = MPI.COMM_WORLD
     path = comm.bcast(str(tmp_path_factory.mktemp("nodejpeg")) if comm.Get_rank() == 0 else None, root=0)

@@ -132,8 +132,8 @@ def test_window_registered_and_fp16_packed_on_the_device(monkeypatch, closer):
     params[0].grad = torch.full_like(params[0], float(n))
     sync.allreduce_grads()
     for b in sync.buckets:
-        if b.wire is not None:
-            assert b.wire.is_pinned() and b.staging.dev_wire.device == device
+        if b.packed is not None:
+            assert b.packed.is_pinned() and b.staging.dev_wire.device == device
     assert torch.equal(params[0].grad, torch.full_like(params[0], float(n)))
 
 

@@ -119,11 +119,12 @@ def test_a_read_of_whole_sample_runs_reads_nothing_on_the_side(aligned_src, monk
     ref = ShardSet(read_index(aligned_src), "train", verify="off")
     for start in (128, 0, 160, 32, 96, 64):                  # runs of 32: shard 0 holds 0..96
         np.testing.assert_array_equal(s.read_range(start, start + 32)[0], ref.read_range(start, start + 32)[0])
-    assert side.calls == [] and s._blocks[0].done[s._blocks[0].data].all()
-    assert not s._blocks[1].done[14] and s._blocks[1].done[2:14].all()   # shard 1's samples 0..96: blocks 2..14
+    assert side.calls == [] and s.checks.blocks[0].done[s.checks.blocks[0].data].all()
+    done = s.checks.blocks[1].done
+    assert not done[14] and done[2:14].all()                # shard 1's samples 0..96: blocks 2..14
     s.read_range(3, 20)                                     # inside blocks already checked: not read again
     s.read_range(N - 8, N)                                  # the last 8 samples: one whole block
-    assert side.calls == [] and all(c.done[c.data].all() for c in s._blocks.values())
+    assert side.calls == [] and all(c.done[c.data].all() for c in s.checks.blocks.values())
     s.close()
     ref.close()
 
@@ -135,7 +136,7 @@ def test_a_loader_epoch_reads_nothing_on_the_side(aligned_src, monkeypatch):
     a, b = ShardLoader(s, **kw), ShardLoader(off, **kw)
     for (x1, y1), (x2, y2) in zip(a.epoch(0), b.epoch(0), strict=True):
         assert np.array_equal(x1.numpy(), x2.numpy()) and np.array_equal(y1.numpy(), y2.numpy())
-    assert side.calls == [] and all(c.done.any() for c in s._blocks.values())
+    assert side.calls == [] and all(c.done.any() for c in s.checks.blocks.values())
     for part in (a, b, s, off):
         part.close()
 
@@ -164,7 +165,7 @@ def test_a_v4_entry_without_origin_still_verifies(ds):
     s = ShardSet(read_index(ds), "train")
     ref = ShardSet(read_index(ds), "train", verify="off")
     np.testing.assert_array_equal(s.read_range(0, N)[0], ref.read_range(0, N)[0])
-    assert all(c.done.all() for c in s._blocks.values())
+    assert all(c.done.all() for c in s.checks.blocks.values())
     s.close()
     path = os.path.join(ds, SHARD)
     pos = layout(path)[0] + 50 * ROW + 1

@@ -1,7 +1,7 @@
 """The compat benchmark's parts that need no MPI: paired ratios across jobs, the table, arguments."""
 import pytest
 
-from hpctrain.bench import compat as bench
+from hpctrain.tools.bench import compat as bench
 
 
 def test_ratios_are_medians_of_per_round_ratios_to_each_peer():

@@ -1,7 +1,7 @@
 """``bench input``'s arithmetic, its GIL check and its rounds' cleanup (the timed rows need minutes: run the bench)."""
 import time
 
-from hpctrain.bench import input as bench
+from hpctrain.tools.bench import input as bench
 
 
 def test_gil_check_tells_a_releasing_call_from_a_holding_one():
@@ -25,8 +25,8 @@ def test_ratios_are_medians_of_per_round_ratios():
 def test_each_round_closes_its_shard_files(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    from hpctrain.bench.input import contenders
-    from hpctrain.bench.input_data import photos
+    from hpctrain.tools.bench.input import contenders
+    from hpctrain.tools.bench.input_data import photos
     from hpctrain.data.shards import ShardSet
     from tests.unit.test_data_jpeg_loader import write_jpeg_shards
     blobs = photos(12, seed=1, size=(40, 48))

@@ -1,7 +1,7 @@
 """The step benchmark's parts that need no MPI: contender names, the MLP, paired ratios, the table."""
 import pytest
 
-from hpctrain.bench import step as bench
+from hpctrain.tools.bench import step as bench
 from hpctrain.config import CommConfig
 
 

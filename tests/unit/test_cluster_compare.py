@@ -1,7 +1,7 @@
 """Wire floors and speed-up bounds of the emulated links, worked by hand."""
 import pytest
 
-from hpctrain.cluster.compare import FRAME_OVERHEAD, compare, format_comparison, node_wire_bytes, wire_floor_s
+from hpctrain.tools.cluster.compare import FRAME_OVERHEAD, compare, format_comparison, node_wire_bytes, wire_floor_s
 
 MiB = 2**20
 

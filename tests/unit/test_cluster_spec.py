@@ -5,9 +5,9 @@ import subprocess
 
 import pytest
 
-from hpctrain.cluster import launch
-from hpctrain.cluster.cli import _ranks
-from hpctrain.cluster.spec import (ClusterSpec, agent_script, format_rate, hostfile_text,
+from hpctrain.tools.cluster import launch
+from hpctrain.tools.cluster.cli import _ranks
+from hpctrain.tools.cluster.spec import (ClusterSpec, agent_script, format_rate, hostfile_text,
                                    parse_rate_bit_s, shape_commands, tbf_params, up_commands)
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from hpctrain import comm as comm_lib
-from hpctrain.bench import allreduce
+from hpctrain.tools.bench import allreduce
 from hpctrain.comm.buckets import bucket_sizes, make_buckets
 from hpctrain.comm.compression import FP16Compression, NoCompression, get
 from hpctrain.comm.hierarchical import sum_into

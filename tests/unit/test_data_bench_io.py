@@ -1,7 +1,7 @@
 """``hpctrain bench io`` end to end on a tiny dataset: every row is measured and the table printed."""
 import json
 
-from hpctrain.bench.io import main
+from hpctrain.tools.bench.io import main
 
 
 def test_bench_io_tiny(tmp_path, capsys):

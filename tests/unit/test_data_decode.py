@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from hpctrain.bench.input_data import photos
+from hpctrain.tools.bench.input_data import photos
 from hpctrain.data import crops, decoders
 
 FULL, SAME_DRAFT, DRAFT_VS_FULL = (1.0, 12), (1.5, 16), (3.5, 36)     # (mean, 99th percentile)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from hpctrain.bench.input_data import photos
+from hpctrain.tools.bench.input_data import photos
 from hpctrain.data import ShardLoader, ShardSet, read_index
 from hpctrain.data import decoders
 from hpctrain.data.augment import Augment

@@ -1,6 +1,7 @@
 """scripts/house-counts (issue 39's before/after measures) on a tiny generated tree whose counts are
 known by construction: cycles hidden by a lazy and by a typing import, string references that climb
-(one to its own floor), an eager cycle, a registered plugin whose name two files hold, a link into hpctrain/.
+(one to its own floor), an eager cycle, a registered plugin whose name two files hold, a link into hpctrain/,
+a tool in the group folder hpctrain/tools/ (a unit of its own; the group's __init__ is none) imported by the core.
 
 The scaffolding names are taken from the script, not written here, so that this file adds nothing
 to what the script counts in the real tests/. The last test reads this checkout itself: kernels/ and
@@ -56,6 +57,7 @@ FILES = {
     "data_tools/__init__.py": "from hpctrain.data import convert\n",
     "data_tools/convert.py": "from . import convert\n",
     "kernels/__init__.py": "X = 1\n",
+    "hpctrain/tools/__init__.py": "",
     "hpctrain/tools/sim/__init__.py": "import hpctrain.bench\n",
     "tests/test_x.py": f"from hpctrain.optim.recipe import {ALIAS}\n",
     "tests/test_dup.py": DUP,
@@ -83,10 +85,10 @@ def rows(root):
 def test_counts_of_a_known_tree(tree, monkeypatch):
     monkeypatch.setenv("PATH", "")          # no `duplicates`: the row must say so, not fail
     r = rows(tree)
-    assert (r["loose"], r["loose_all"], r["packages"], r["linked"], r["outside"], r["modules"]) == (4, 6, 4, 1, 1, 10)
+    assert (r["loose"], r["loose_all"], r["packages"], r["linked"], r["outside"], r["modules"]) == (4, 6, 5, 1, 1, 11)
     assert r["small"] == "3: errors.py, registry.py, ty.py" and r["small_floor0"] == 2
-    assert r["hpctrain"] == f"{nonblank('hpctrain/')} lines, 15 files"
-    assert r["hpctrain_followed"] == f"{nonblank('hpctrain/', 'data_tools/')} lines, 17 files"
+    assert r["hpctrain"] == f"{nonblank('hpctrain/')} lines, 16 files"
+    assert r["hpctrain_followed"] == f"{nonblank('hpctrain/', 'data_tools/')} lines, 18 files"
     assert r["bench"] == f"{nonblank('hpctrain/bench/')} lines, 4 files"
     assert r["sim"] == "1 lines, 1 files" and r["tests"] == f"{nonblank('tests/')} lines, 2 files"
     assert r["largest"] == "hpctrain/job.py: 126 lines"
@@ -97,13 +99,14 @@ def test_counts_of_a_known_tree(tree, monkeypatch):
     assert r["config_strings"] == "1: optim ×1" and r["config_importers"] == 2
     assert r["from_config"] == "1: opt_from_config"
     assert r["units"] == 11 and r["floors"] == 5
-    assert r["by_floor"] == ("0: bench, data, errors, kernels, registry, tools; 1: config, data_tools; "
+    assert r["by_floor"] == ("0: bench, data, errors, kernels, registry, tools.sim; 1: config, data_tools; "
                              "2: optim; 3: job; 4: ty")
-    assert r["cycles"] == "3: (bench, tools); (data, data_tools); (optim, registry)"
-    assert r["cycles_strings"] == "3: (bench, tools); (config, errors, optim, registry); (data, data_tools)"
+    assert r["cycles"] == "3: (bench, tools.sim); (data, data_tools); (optim, registry)"
+    assert r["cycles_strings"] == "3: (bench, tools.sim); (config, errors, optim, registry); (data, data_tools)"
     assert r["lazy"] == "2: data→data_tools lazy, job→config lazy"
-    assert r["climbs"] == ("7: bench→tools eager, config→optim string, data→data_tools lazy, data→config string, "
-                           "errors→registry string, registry→optim typing, tools→bench eager")
+    assert r["climbs"] == ("7: bench→tools.sim eager, config→optim string, data→data_tools lazy, data→config string, "
+                           "errors→registry string, registry→optim typing, tools.sim→bench eager")
+    assert r["core_to_tools"] == "1: bench→tools.sim eager"
     assert r["config_climbs"] == 2
     assert r["duplicates"].startswith("not usable")
 

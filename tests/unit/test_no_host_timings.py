@@ -4,7 +4,7 @@ why; the figures live in docs/environment.md with the machine, the date and the 
 justify. Only docstrings and comments are read (``ast`` and ``tokenize``): a duration in a
 message, a format string or a kernel's source is code, not a claim about this host.
 
-Not scanned: ``hpctrain/bench/`` (benchmarks print timings by design) and ``hpctrain/sim/``
+Not scanned: ``hpctrain/tools/bench/`` (benchmarks print timings by design) and ``hpctrain/tools/sim/``
 (its presets are published networks' parameters, cited there)."""
 import ast
 import io
@@ -14,16 +14,16 @@ import tokenize
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOPS = ("hpctrain", "kernels", "data_tools")
-SKIP = ("hpctrain/bench/", "hpctrain/sim/")
+SKIP = ("hpctrain/tools/bench/", "hpctrain/tools/sim/")
 NUMBER = r"\d+(?:\.\d+)?"
 # a duration ("13 ms", "3-35 us", "2 µs") or a speed ratio ("2x faster", "1.7× cheaper")
 TIMING = re.compile(NUMBER + r" ?(?:ns|us|µs|ms)\b|" + NUMBER
                     + r" ?[x×] (?:faster|slower|cheaper|dearer|ahead|behind)\b")
 ALLOWED = {
     # (file, text on the line around the match): why it stays
-    ("hpctrain/cluster/spec.py", "The bucket holds 1 ms of traffic"):
+    ("hpctrain/tools/cluster/spec.py", "The bucket holds 1 ms of traffic"):
         "design parameter of the emulated network's token bucket, not a measurement",
-    ("hpctrain/cluster/spec.py", "20 ms of traffic"):
+    ("hpctrain/tools/cluster/spec.py", "20 ms of traffic"):
         "design parameter of the emulated network's queue length, not a measurement",
 }
 
@@ -102,5 +102,5 @@ def f():
 
 def test_the_allowlist_is_per_file_and_phrase():
     comment = "# The bucket holds 1 ms of traffic but at least 64 KiB\n"
-    assert timings("hpctrain/cluster/spec.py", comment) == []
-    assert len(timings("hpctrain/cluster/other.py", comment)) == 1
+    assert timings("hpctrain/tools/cluster/spec.py", comment) == []
+    assert len(timings("hpctrain/tools/cluster/other.py", comment)) == 1

@@ -104,7 +104,7 @@ def test_clean_data_gives_the_same_batches_and_every_block_is_checked_once(block
     for epoch in (0, 1):
         for (x1, y1), (x2, y2) in zip(a.epoch(epoch), b.epoch(epoch), strict=True):
             assert np.array_equal(x1.numpy(), x2.numpy()) and np.array_equal(y1.numpy(), y2.numpy())
-    assert all(c.done.all() for c in on._blocks.values()) and len(on._blocks) == 4
+    assert all(c.done.all() for c in on.checks.blocks.values()) and len(on.checks.blocks) == 4
     x, y = on.read_range(0, on.num_samples)
     want = [h5py.File(on.path(i), "r") for i in range(4)]
     np.testing.assert_array_equal(x, np.concatenate([f["x"][:] for f in want]))
@@ -143,7 +143,7 @@ def test_parallel_hdf5_reads_are_checked_too(blocks_src, digits):
     s, plain = ShardSet(idx, "train", comm=MPI.COMM_SELF, driver="mpio"), ShardSet(idx, "train", verify="off")
     for got, want in zip(s.read_range(3, s.num_samples - 2), plain.read_range(3, s.num_samples - 2)):
         np.testing.assert_array_equal(got, want)
-    assert s.driver == "mpio" and all(c.done[c.data].all() for c in s._blocks.values())
+    assert s.driver == "mpio" and all(c.done[c.data].all() for c in s.checks.blocks.values())
     s.close()
     path = os.path.join(digits, SHARD)
     pos = x_byte(path, 200)
@@ -183,7 +183,7 @@ def test_v2_index_without_blocks_is_checked_whole_at_open(digits):
     path = os.path.join(digits, SHARD)
     flip(path, x_byte(path, 200))
     s = ShardSet(read_index(digits), "train")
-    assert not s._blocks and "first opens it" in s.describe()
+    assert not s.checks.blocks and "first opens it" in s.describe()
     with pytest.raises(ShardError, match=f"^{path}: checksum mismatch \\(file changed or truncated\\)$"):
         s.read_range(int(s.starts[2]), int(s.starts[2]) + 1)     # before any sample: the whole file
     s.close()

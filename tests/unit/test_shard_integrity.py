@@ -93,7 +93,7 @@ def test_intact_data_reads_identically_with_and_without_the_check(digits):
     a, b = ShardLoader(on, **kw), ShardLoader(off, **kw)
     for (x1, y1), (x2, y2) in zip(a.epoch(0), b.epoch(0), strict=True):
         assert np.array_equal(x1.numpy(), x2.numpy()) and np.array_equal(y1.numpy(), y2.numpy())
-    assert on.verified == set(range(4)) and on.verify_s > 0 and off.verify_s == 0
+    assert on.checks.verified == set(range(4)) and on.checks.verify_s > 0 and off.checks.verify_s == 0
     assert "metadata blocks checked at open, data blocks as first read" in on.describe()
     for part in (a, b, on, off):
         part.close()

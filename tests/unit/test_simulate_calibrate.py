@@ -4,12 +4,12 @@ import json
 import numpy as np
 import pytest
 
-from hpctrain.sim.calibrate import fit_alpha_beta, load_rows, select_rows
+from hpctrain.tools.sim.calibrate import fit_alpha_beta, load_rows, select_rows
 
 ALPHA, BETA = 7e-6, 1 / 2.5e9   # 7 µs, 2.5 GB/s
 
 
-def _ring_time(p, n):  # written out here, independently of hpctrain.sim.costs
+def _ring_time(p, n):  # written out here, independently of hpctrain.tools.sim.costs
     return 2 * (p - 1) * ALPHA + 2 * (p - 1) / p * n * BETA
 
 

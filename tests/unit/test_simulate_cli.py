@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from hpctrain.sim.cli import main
+from hpctrain.tools.sim.cli import main
 
 
 def _table_rows(out: str) -> list[list[str]]:

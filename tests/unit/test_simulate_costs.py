@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from hpctrain.sim.costs import (Link, allreduce_s, flat_s, halving_doubling_s, hierarchical_s,
+from hpctrain.tools.sim.costs import (Link, allreduce_s, flat_s, halving_doubling_s, hierarchical_s,
                                 recursive_doubling_s, ring_s)
 
 A, B, G = 1e-6, 1e-9, 1e-10      # α [s], β [s/B], γ [s/B]

@@ -1,10 +1,10 @@
 """Step-time model: overlap pipeline, stragglers, loading, scaling table, validation errors."""
 import pytest
 
-from hpctrain.sim.presets import DEVICES, NETWORKS, images_per_s
-from hpctrain.sim.step import (Scenario, bucket_sizes, exposed_comm_s, gpu_counts, predict,
+from hpctrain.tools.sim.presets import DEVICES, NETWORKS, images_per_s
+from hpctrain.tools.sim.step import (Scenario, bucket_sizes, exposed_comm_s, gpu_counts, predict,
                                scaling_table, straggler_factor)
-from hpctrain.sim.validate import CASES, validation_rows
+from hpctrain.tools.sim.validate import CASES, validation_rows
 
 
 def test_exposed_comm_limits_by_hand():
@@ -98,8 +98,8 @@ def test_validation_errors_are_absolute_differences():
 
 
 def test_alpha_overrides_apply_after_presets_and_calibration():
-    from hpctrain.sim.costs import Link
-    from hpctrain.sim.step import scenario_links
+    from hpctrain.tools.sim.costs import Link
+    from hpctrain.tools.sim.step import scenario_links
     sc = Scenario(net="ib-edr", inter_link=Link(1e-6, 1e-9), inter_alpha_s=9e-6, intra_alpha_s=2e-6)
     intra, inter = scenario_links(sc)
     assert (inter.alpha_s, inter.beta_s_per_byte, intra.alpha_s) == (9e-6, 1e-9, 2e-6)
@@ -109,7 +109,7 @@ def test_alpha_overrides_apply_after_presets_and_calibration():
 
 
 def test_nccl_variant_changes_only_horovod_latency():
-    from hpctrain.sim.validate import NCCL_NET_HOP_ALPHA_S, nccl_latency_variant
+    from hpctrain.tools.sim.validate import NCCL_NET_HOP_ALPHA_S, nccl_latency_variant
     variant = nccl_latency_variant()
     assert len(variant) == 6 and all(c.name.startswith("horovod") for c in variant)
     assert all(c.scenario.inter_alpha_s == NCCL_NET_HOP_ALPHA_S for c in variant)

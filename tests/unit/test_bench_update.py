@@ -1,7 +1,8 @@
-"""The sync benchmark's arithmetic: per-step phases, the hidden share, the table."""
+"""The update-algorithm benchmark's arithmetic (`bench sync`, hpctrain/tools/bench/update.py): per-step phases,
+the hidden share, the table."""
 import pytest
 
-from hpctrain.bench import sync as bench
+from hpctrain.tools.bench import update as bench
 
 
 def test_phase_ms_groups_spans_per_step():

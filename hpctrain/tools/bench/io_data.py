@@ -1,4 +1,4 @@
-"""The datasets of ``python -m hpctrain bench io`` (:mod:`hpctrain.bench.io`): generated once and
+"""The datasets of ``python -m hpctrain bench io`` (:mod:`hpctrain.tools.bench.io`): generated once and
 reused, evicted from the page cache for the cold rows, and the v3 twin (SHA-256 blocks of 1 MiB from
 byte 0, as ``--block-digest sha256`` writes them) of the v5 index.
 

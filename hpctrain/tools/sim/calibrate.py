@@ -4,7 +4,7 @@ Each row is a dict {"impl", "compression", "ranks_per_node", "bytes", "time_s", 
 "busbw_GBps"} and should carry "world_size"; rows without it take ``ranks`` (``--calib-ranks``).
 "bytes" is the fp32 buffer the caller reduces, whatever the implementation puts on the wire.
 
-Every cost formula in :mod:`hpctrain.sim.costs` is linear in (α, β) once γ is folded into β, so
+Every cost formula in :mod:`hpctrain.tools.sim.costs` is linear in (α, β) once γ is folded into β, so
 t = α·A(p, n) + β·B(p, n) with A, B obtained by evaluating the formula with unit links. The fit
 minimises relative residuals (rows weighted by 1/t), so microsecond and second rows count alike;
 a negative α (latency below resolution) is refitted with α = 0. Quality: R² on time and the largest
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hpctrain.sim.costs import ALGORITHMS, Link
+from hpctrain.tools.sim.costs import ALGORITHMS, Link
 
 __all__ = ["CalibrationFit", "load_rows", "select_rows", "fit_alpha_beta"]
 

@@ -34,8 +34,8 @@ import sys
 import tempfile
 import time
 
-from hpctrain.bench.args import add_round_args, check_round_args
-from hpctrain.bench.report import one_minute_load
+from hpctrain.tools.bench.args import add_round_args, check_round_args
+from hpctrain.tools.bench.report import one_minute_load
 
 OURS, TRAINER, HOROVOD = "hpctrain.horovod", "DistributedTrainer", "horovod 0.28.1"
 DEFAULT_MODELS = "resnet18,resnet50,mlp"
@@ -49,7 +49,7 @@ def make_model(name: str, image_size: int):
     import torch
     torch.manual_seed(0)
     if name == "mlp":
-        from hpctrain.bench.step import mlp
+        from hpctrain.tools.bench.step import mlp
         return mlp(), (1, 8, 8)
     try:
         from torchvision import models
@@ -164,7 +164,8 @@ def horovod_python(args) -> str | None:
 
 def worker_env() -> dict:
     """This checkout's hpctrain first on the path of every job, whatever its interpreter."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import hpctrain
+    root = os.path.dirname(os.path.dirname(os.path.abspath(hpctrain.__file__)))
     path = os.environ.get("PYTHONPATH", "")
     return {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
 

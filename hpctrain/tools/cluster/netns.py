@@ -19,7 +19,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from hpctrain.cluster.spec import ClusterSpec, agent_script, bridge_commands, node_commands
+from hpctrain.tools.cluster.spec import ClusterSpec, agent_script, bridge_commands, node_commands
 from hpctrain.testhooks import CLUSTER_INJECT_FAULT, cluster_fault
 
 __all__ = ["ClusterError", "state_dir", "load_spec", "require_root", "check_tools", "probe",

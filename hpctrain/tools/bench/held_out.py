@@ -48,7 +48,7 @@ def run_one(base: Config, dataset: str, seed: int, name: str, overrides: dict, o
     """One (dataset, seed, variant) run. A seed that ends at chance is a result, never a crash and
     never a number to average: ``failed`` says why (``collapsed``: stopped by the collapse check,
     or finished with a test loss at chance; ``diverged``: stopped by the non-finite guard)."""
-    from hpctrain.bench.study import run_variant
+    from hpctrain.tools.bench.study import run_variant
     from hpctrain.errors import TrainingCollapsed
     from hpctrain.ops.collapse import at_chance
     from hpctrain.update import NonFiniteError

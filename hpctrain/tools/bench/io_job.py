@@ -1,4 +1,4 @@
-"""The last row of ``python -m hpctrain bench io`` (:mod:`hpctrain.bench.io`): the data-wait share of
+"""The last row of ``python -m hpctrain bench io`` (:mod:`hpctrain.tools.bench.io`): the data-wait share of
 the default job's training step, with its own loader, model and allreduce.
 
 Apart from the read rows: it trains (torch), they only read.

@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from hpctrain.sim.step import Scenario, predict
+from hpctrain.tools.sim.step import Scenario, predict
 
 __all__ = ["Case", "CASES", "NCCL_NET_HOP_ALPHA_S", "nccl_latency_variant", "validation_rows"]
 

@@ -4,7 +4,7 @@ Per step and GPU (all pure arithmetic on a frozen :class:`Scenario`):
   compute   batch / (achieved images/s on one device), or a measured ``step_time_s``; split
             forward : backward = 1 : 2 (backward costs ≈ 2 × forward MACs).
   comm      gradients in equal buckets of ``bucket_mb`` (PyTorch DDP's default is 25 MB, Horovod's
-            fusion buffer 64 MB); each bucket is one allreduce priced by :mod:`hpctrain.sim.costs`.
+            fusion buffer 64 MB); each bucket is one allreduce priced by :mod:`hpctrain.tools.sim.costs`.
   overlap   bucket i is ready at i/k of the backward pass (gradients assumed produced uniformly in
             bytes); buckets are reduced one at a time, each starting when it is ready and the
             previous one is done. The exposed time is what runs past the end of backward: at least
@@ -24,8 +24,8 @@ import math
 from dataclasses import dataclass, replace
 from statistics import NormalDist
 
-from hpctrain.sim.costs import Link, allreduce_s
-from hpctrain.sim.presets import DEVICES, INTRA, MODELS, NETWORKS, images_per_s
+from hpctrain.tools.sim.costs import Link, allreduce_s
+from hpctrain.tools.sim.presets import DEVICES, INTRA, MODELS, NETWORKS, images_per_s
 
 __all__ = ["Scenario", "Prediction", "compute_time_s", "scenario_links", "bucket_sizes",
            "exposed_comm_s", "straggler_factor", "predict", "gpu_counts", "scaling_table"]

@@ -8,5 +8,5 @@ __all__ = ["main"]
 
 def main(argv: list[str]) -> int:
     """``python -m hpctrain cluster ...`` (imports its parts only when used)."""
-    from hpctrain.cluster.cli import main as cli_main
+    from hpctrain.tools.cluster.cli import main as cli_main
     return cli_main(argv)

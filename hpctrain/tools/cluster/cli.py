@@ -14,9 +14,9 @@ import math
 import os
 import sys
 
-from hpctrain.cluster import launch, netns
-from hpctrain.cluster.compare import compare, format_comparison
-from hpctrain.cluster.spec import ClusterSpec, format_rate, parse_rate_bit_s
+from hpctrain.tools.cluster import launch, netns
+from hpctrain.tools.cluster.compare import compare, format_comparison
+from hpctrain.tools.cluster.spec import ClusterSpec, format_rate, parse_rate_bit_s
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -26,7 +26,7 @@ import time
 import torch
 from mpi4py import MPI
 
-from hpctrain.bench.report import run_mpi_bench
+from hpctrain.tools.bench.report import run_mpi_bench
 from hpctrain.models import build_model
 from hpctrain.ops.metrics import StepTimer
 from hpctrain.topology import Topology

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hpctrain.sim.costs import Link
+from hpctrain.tools.sim.costs import Link
 
 __all__ = ["LINK_EFFICIENCY", "NetPreset", "IntraPreset", "ModelPreset", "DevicePreset",
            "NETWORKS", "INTRA", "MODELS", "DEVICES", "images_per_s"]

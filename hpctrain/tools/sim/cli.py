@@ -7,7 +7,7 @@ train of data-parallel SGD on 1 … nodes × gpus-per-node GPUs, from an α-β-�
     python -m hpctrain simulate --calibrate bench.json --calib-impl flat --nodes 64 --device cpu
     python -m hpctrain simulate --validate                 # vs Kasagi, Horovod, Goyal
 
-The model lives in :mod:`hpctrain.sim` (costs: allreduce formulas; presets: sourced figures;
+The model lives in :mod:`hpctrain.tools.sim` (costs: allreduce formulas; presets: sourced figures;
 step: overlap, loading, stragglers, scaling table; calibrate: least-squares α, β; validate:
 published cases). Assumptions, stated once:
 - compute per GPU is a published single-device throughput (or ``--step-time-s``), independent of
@@ -22,14 +22,14 @@ from __future__ import annotations
 import argparse
 from dataclasses import asdict, replace
 
-from hpctrain.sim.calibrate import fit_alpha_beta, load_rows, select_rows
-from hpctrain.sim.costs import ALGORITHMS
-from hpctrain.sim.presets import DEVICES, INTRA, MODELS, NETWORKS
-from hpctrain.sim.report import (SCALING_COLUMNS, VALIDATION_COLUMNS, format_table, plot_scaling,
+from hpctrain.tools.sim.calibrate import fit_alpha_beta, load_rows, select_rows
+from hpctrain.tools.sim.costs import ALGORITHMS
+from hpctrain.tools.sim.presets import DEVICES, INTRA, MODELS, NETWORKS
+from hpctrain.tools.sim.report import (SCALING_COLUMNS, VALIDATION_COLUMNS, format_table, plot_scaling,
                                  write_json)
-from hpctrain.sim.step import (IMAGENET_TRAIN_IMAGES, Scenario, compute_time_s, gpu_counts,
+from hpctrain.tools.sim.step import (IMAGENET_TRAIN_IMAGES, Scenario, compute_time_s, gpu_counts,
                                scaling_table, scenario_links)
-from hpctrain.sim.validate import NCCL_NET_HOP_ALPHA_S, nccl_latency_variant, validation_rows
+from hpctrain.tools.sim.validate import NCCL_NET_HOP_ALPHA_S, nccl_latency_variant, validation_rows
 
 __all__ = ["build_parser", "main"]
 

@@ -41,9 +41,9 @@ from mpi4py import MPI
 from torch import nn
 
 from hpctrain.api import bind_device
-from hpctrain.bench.allreduce import init_gloo
-from hpctrain.bench.args import add_round_args, check_round_args
-from hpctrain.bench.report import run_mpi_bench
+from hpctrain.tools.bench.allreduce import init_gloo
+from hpctrain.tools.bench.args import add_round_args, check_round_args
+from hpctrain.tools.bench.report import run_mpi_bench
 from hpctrain.config import CommConfig
 from hpctrain.errors import ConfigError
 from hpctrain.models import build_model

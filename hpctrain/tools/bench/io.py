@@ -8,7 +8,7 @@ On a generated ImageNet-like dataset (3×224×224 uint8 samples, ``--size-gb`` G
   per-shard HDF5, with parallel HDF5 (``mpio``) and with node-level reading (one reader per node
   filling an MPI-3 shared window), all ranks reading their share at once;
 * the full loader (plus normalisation to float32 in its prefetch thread);
-* the integrity check (``shards.py``, ``blocks.py``): the first epoch with the per-block digests
+* the integrity check (``shard_checks.py``, ``blocks.py``): the first epoch with the per-block digests
   of an index v5, XXH3-128 on a grid aligned with the sample rows (metadata blocks checked at
   open, each data block as it is first read), and of a v3, SHA-256, on the same files; for
   comparison the whole-file SHA-256 pass of a v1/v2 index (collective at open, each shard hashed
@@ -38,9 +38,9 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from hpctrain.bench.io_data import drop_cache, ensure, n_samples, with_sha256_blocks
-from hpctrain.bench.io_job import data_wait_share
-from hpctrain.bench.io_report import CHECK, FIRST, FIRST_SHA, LOADER, WHOLE, medians, table
+from hpctrain.tools.bench.io_data import drop_cache, ensure, n_samples, with_sha256_blocks
+from hpctrain.tools.bench.io_job import data_wait_share
+from hpctrain.tools.bench.io_report import CHECK, FIRST, FIRST_SHA, LOADER, WHOLE, medians, table
 from hpctrain.data import ShardLoader, ShardSet, read_index
 from hpctrain.data.noderead import NodeReader
 from hpctrain.topology import Topology

@@ -110,7 +110,7 @@ def main(argv: list[str]) -> int:
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
     if args.study == "held-out":
-        from hpctrain.bench import held_out
+        from hpctrain.tools.bench import held_out
         args.batch, args.epochs = args.batch or 64, args.epochs or 90
         return held_out.main(args, comm)
     args.batch, args.epochs = args.batch or 16, args.epochs or 30

@@ -31,7 +31,7 @@ import torch
 from mpi4py import MPI
 
 from hpctrain import comm as comm_lib
-from hpctrain.bench.report import run_mpi_bench
+from hpctrain.tools.bench.report import run_mpi_bench
 from hpctrain.comm.fused import scale_and_check
 from hpctrain.comm.progress import run
 from hpctrain.topology import Topology

@@ -5,14 +5,14 @@ import importlib
 import sys
 
 BENCHES = {
-    "allreduce": "hpctrain.bench.allreduce",
-    "compat": "hpctrain.bench.compat",
-    "ddp": "hpctrain.bench.ddp",
-    "input": "hpctrain.bench.input",
-    "io": "hpctrain.bench.io",
-    "kernels": "hpctrain.bench.kernels",
-    "step": "hpctrain.bench.step",
-    "sync": "hpctrain.bench.sync",
+    "allreduce": "hpctrain.tools.bench.allreduce",
+    "compat": "hpctrain.tools.bench.compat",
+    "ddp": "hpctrain.tools.bench.ddp",
+    "input": "hpctrain.tools.bench.input",
+    "io": "hpctrain.tools.bench.io",
+    "kernels": "hpctrain.tools.bench.kernels",
+    "step": "hpctrain.tools.bench.step",
+    "sync": "hpctrain.tools.bench.update",
 }
 
 

@@ -1,4 +1,4 @@
-"""The report of ``python -m hpctrain bench io`` (:mod:`hpctrain.bench.io`): medians of the
+"""The report of ``python -m hpctrain bench io`` (:mod:`hpctrain.tools.bench.io`): medians of the
 interleaved rounds, the integrity line and the table.
 
 Kept apart from the measuring code so that what is timed and how it is summarised can be read

@@ -16,7 +16,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from hpctrain.cluster.spec import ClusterSpec, hostfile_text
+from hpctrain.tools.cluster.spec import ClusterSpec, hostfile_text
 
 __all__ = ["mpiexec_argv", "run_mpiexec", "exec_argv", "MPI_ENV"]
 

@@ -4,7 +4,7 @@
             [--rounds 3] [--size 224] [--gpu-rate 2600] [--json FILE]
 
 Photos: ``--images`` JPEGs of about 400 × 340 made from scikit-learn's two sample photographs
-(:mod:`hpctrain.bench.input_data`), stored whole in one shard directory as ``data_tools convert
+(:mod:`hpctrain.tools.bench.input_data`), stored whole in one shard directory as ``data_tools convert
 --encode jpeg`` writes them. Contenders, interleaved in every round (a burst of load from elsewhere
 hits all alike), each timed over ``--batches`` batches of ``--batch`` after its first batch:
 
@@ -12,7 +12,7 @@ hits all alike), each timed over ``--batches`` batches of ``--batch`` after its 
   random-resized crop + flip cut at decode time, normalised float32 batches) at each of ``--workers``
   decode threads;
 * ``DataLoader``: ``torch.utils.data.DataLoader`` with the same number of worker processes and the
-  same transform written with Pillow (:mod:`hpctrain.bench.input_baseline`);
+  same transform written with Pillow (:mod:`hpctrain.tools.bench.input_baseline`);
 * ``one PIL core``: that transform in a plain loop;
 * ``decode only``: full decodes of the same photos, one thread, no crop (simplejpeg, Pillow, and
   PyTurboJPEG when it imports): the decoder's own rate.
@@ -41,8 +41,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from hpctrain.bench.args import comma_list
-from hpctrain.bench.report import one_minute_load
+from hpctrain.tools.bench.args import comma_list
+from hpctrain.tools.bench.report import one_minute_load
 
 GPU_RATE = 2600          # img/s, approximate (module docstring)
 RAW = "hpctrain raw uint8"  # the batches a GPU job takes (normalised on the device)
@@ -83,7 +83,7 @@ def _epochs(make_iter):
 
 def contenders(args, shard_dir: str, blobs: list) -> dict:
     """name -> a function measuring one round: ``() -> (img/s, cpu/wall)``."""
-    from hpctrain.bench import input_baseline as base
+    from hpctrain.tools.bench import input_baseline as base
     from hpctrain.data import ShardLoader, ShardSet, read_index
     from hpctrain.data.augment import Augment
 
@@ -182,7 +182,7 @@ def gil_rows(blobs: list) -> dict:
 
 
 def measure(args) -> list[dict]:
-    from hpctrain.bench.input_data import photos
+    from hpctrain.tools.bench.input_data import photos
     torch.set_num_threads(1)
     blobs = photos(args.images, seed=0)
     with tempfile.TemporaryDirectory(prefix="hpctrain-bench-input-") as d:

@@ -9,7 +9,7 @@ The same script twice: ``DistributedDataParallel(model)`` with its defaults, onc
 ``hook+fp16``, ``hook:flat``, ``hook:flat+fp16``: other strategies and the fp16 wire); ``nocomm``
 (no sync) and ``trainer`` (``DistributedTrainer``'s defaults, the loop rewritten) for reference. The
 process group comes from ``hpctrain.ddp.init_process_group()``. Models, data, warm-up, the
-interleaved rounds and the paired ratios are those of ``bench step`` (:mod:`hpctrain.bench.step`):
+interleaved rounds and the paired ratios are those of ``bench step`` (:mod:`hpctrain.tools.bench.step`):
 whole SGD-momentum steps on synthetic data, every contender on its own replica, the order
 rotating from round to round, a run's time the slowest rank's; ``x DDP`` is the median over
 rounds of DDP's time / the contender's (> 1: faster than DDP).
@@ -25,10 +25,10 @@ import torch
 from torch import nn
 
 import hpctrain.ddp
-from hpctrain.bench.report import run_mpi_bench
-from hpctrain.bench import step as bench_step
-from hpctrain.bench.args import add_round_args, check_round_args
-from hpctrain.bench.step import INPUTS, Contender, make_model, paired_ratios, plain_step, sgd, time_steps
+from hpctrain.tools.bench.report import run_mpi_bench
+from hpctrain.tools.bench import step as bench_step
+from hpctrain.tools.bench.args import add_round_args, check_round_args
+from hpctrain.tools.bench.step import INPUTS, Contender, make_model, paired_ratios, plain_step, sgd, time_steps
 from hpctrain.topology import Topology
 
 DEFAULT_MODELS = "mlp,digits_cnn,resnet20"
