@@ -239,7 +239,7 @@ class Progress:
 def startup_line(job: Job) -> str:
     """What this run chose and why, in one line: topology, device, gradient sync, effective lr."""
     return (f"hpctrain: {job.topo.describe()} | device {describe_device(job.device, job.cfg.train.device)} | "
-            f"sync {job.trainer.sync.describe()} | "
+            f"sync {job.trainer.grad_sync.describe()} | "
             f"{describe_lr(job.cfg.optim, job.loader.global_batch)}")
 
 
@@ -439,7 +439,7 @@ def summarise(job: Job, log: MetricsLog, progress: Progress, t0: float) -> dict:
                    train_s=train_s, world_size=topo.size, steps=steps, epochs=steps / loader.steps,
                    global_batch=loader.global_batch, skipped_steps=int(progress.skipped),
                    num_classes=loader.shards.index.num_classes,
-                   strategy=cfg.comm.strategy, compression=cfg.comm.compression, algorithm=cfg.sync.algorithm,
+                   strategy=cfg.comm.strategy, compression=cfg.comm.compression, algorithm=cfg.update.algorithm,
                    phases_s=progress.breakdown,
                    data_wait_share=progress.breakdown.get("data", 0.0) / train_s if train_s else 0.0,
                    start_step=progress.start_step, **gpu_time(wall_s, topo.size, epochs_here))

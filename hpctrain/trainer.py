@@ -3,7 +3,7 @@
 ``DistributedTrainer`` composes (it does not subclass or proxy) a ``torch.nn.Module``, a
 ``torch.optim.Optimizer``, a gradient-sync strategy (``hpctrain.comm``) and an update
 algorithm (``hpctrain.update``). Call :meth:`step` for a whole step; a loop that must stay its
-own can instead call ``trainer.sync.allreduce_grads()`` between its ``backward()`` and its
+own can instead call ``trainer.grad_sync.allreduce_grads()`` between its ``backward()`` and its
 ``optimizer.step()``. The CLI's training loop (``hpctrain.job``) is built on this class.
 
 Buffers (BatchNorm running statistics) are not gradients: each rank updates its own from its own
@@ -57,7 +57,7 @@ class DistributedTrainer:
     forward/backward under autocast (``compute``), synchronises gradients and updates.
     ``broadcast_buffers``: ``"finish"`` (rank 0's buffers in :meth:`finish`) or ``"forward"``
     (also before every forward, DDP's default). ``algorithm_options`` and ``compression_options``:
-    the update algorithm's and the codec's constructor keywords (``[sync.<name>]``,
+    the update algorithm's and the codec's constructor keywords (``[update.<name>]``,
     ``[comm.<name>]``; :meth:`from_config` reads them from a config).
     """
 
@@ -87,8 +87,8 @@ class DistributedTrainer:
         sync = comm_lib.create(strategy, model.parameters(), topology, bucket_bytes=int(bucket_mb * 2**20),
                                compression=compression, overlap=overlap, tune=tune,
                                compression_options=compression_options)
-        self.sync = comm_lib.with_comm_delay(sync, comm_delay_ms)   # emulated slow link (0: none)
-        self.algo = update_lib.create(algorithm, model, optimizer, self.sync, scaler=scaler, timer=self.timer,
+        self.grad_sync = comm_lib.with_comm_delay(sync, comm_delay_ms)   # emulated slow link (0: none)
+        self.algo = update_lib.create(algorithm, model, optimizer, self.grad_sync, scaler=scaler, timer=self.timer,
                                     **(algorithm_options or {}))
         self.step_count = 0
 
@@ -96,8 +96,8 @@ class DistributedTrainer:
     def from_config(cls, model: nn.Module, optimizer: torch.optim.Optimizer, topology: Topology, cfg, *,
                     schedule: ScheduleSpec | None = None, timer: StepTimer | None = None) -> DistributedTrainer:
         """The keyword constructor fed from a :class:`~hpctrain.config.Config`: its ``[comm]``,
-        ``[sync]`` and ``[precision]`` sections, and the loss of ``optim.label_smoothing``."""
-        c, s = cfg.comm, cfg.sync
+        ``[update]`` and ``[precision]`` sections, and the loss of ``optim.label_smoothing``."""
+        c, s = cfg.comm, cfg.update
         return cls(model, optimizer, topology, strategy=c.strategy, compression=c.compression,
                    bucket_mb=c.bucket_mb, overlap=c.overlap, tune=c.tune, algorithm=s.algorithm,
                    algorithm_options=update_lib.algorithm_options(s), comm_delay_ms=c.delay_ms,
@@ -173,4 +173,4 @@ class DistributedTrainer:
         try:
             self.algo.close()
         finally:
-            self.sync.close()
+            self.grad_sync.close()

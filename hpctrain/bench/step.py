@@ -139,7 +139,7 @@ def build(name: str, base: nn.Module, topo: Topology, dist, device=CPU) -> Conte
         return Contender(name, model, plain_step(model, opt, loss_fn))
     options = parse_config(name)
     trainer = DistributedTrainer(model, sgd(model), topo, loss_fn=loss_fn, **options)
-    text = getattr(trainer.sync, "describe", lambda: "")()     # as built, before any step
+    text = getattr(trainer.grad_sync, "describe", lambda: "")()     # as built, before any step
     return Contender(name, model, trainer.step, trainer.close, describe=(lambda: text) if text else None)
 
 

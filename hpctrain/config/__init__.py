@@ -12,7 +12,7 @@ are refused for every float field when the value is read (``coerce``), the range
 strategy, compression, schedule… added there is accepted and listed here without re-typing the
 list (the registries pull in torch, hence the lazy import). A value ``package.module:name``
 selects a plugin outside the tree (:mod:`hpctrain.registry`). A plugin's own options live in a
-sub-table (``[sync.odsgd]``) whose schema is the plugin's constructor
+sub-table (``[update.odsgd]``) whose schema is the plugin's constructor
 (:mod:`hpctrain.config.plugins`).
 
 Keys that were renamed are listed once in docs/changelog.md; an old key is an unknown key.
@@ -35,7 +35,7 @@ from hpctrain.errors import ConfigError
 __all__ = ["Config", "ConfigError", "Range", "Option", "INF", "POSITIVE", "NON_NEGATIVE", "FRACTION", "LR",
            "LOSS_SCALE", "opt", "registry", "field_problem", "sections", "help_text", "set_value",
            "load_toml", "check_field", "validate", "DataConfig", "ModelConfig",
-           "TrainConfig", "OptimConfig", "CommConfig", "SyncConfig", "PrecisionConfig", "PolishConfig",
+           "TrainConfig", "OptimConfig", "CommConfig", "UpdateConfig", "PrecisionConfig", "PolishConfig",
            "CheckpointConfig", "RunConfig"]
 
 
@@ -146,10 +146,10 @@ class CommConfig:
 
 
 @dataclass
-class SyncConfig:
+class UpdateConfig:
     algorithm: str = opt("ssgd", "update algorithm: {choices}; ssgd: synchronous, odsgd: one-step delay",
                          choices="hpctrain.update:ALGORITHMS")
-    options: dict = plugin_tables("hpctrain.update:ALGORITHMS", "[sync.NAME]: the options of algorithm NAME")
+    options: dict = plugin_tables("hpctrain.update:ALGORITHMS", "[update.NAME]: the options of algorithm NAME")
 
 
 @dataclass
@@ -195,7 +195,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     comm: CommConfig = field(default_factory=CommConfig)
-    sync: SyncConfig = field(default_factory=SyncConfig)
+    update: UpdateConfig = field(default_factory=UpdateConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     polish: PolishConfig = field(default_factory=PolishConfig)
     ckpt: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -203,7 +203,7 @@ class Config:
 
     def to_dict(self) -> dict:
         """``{section: {key: value}}``, every key with the value the run uses; a plugin's options as
-        its sub-table (``sync.odsgd``): all of the chosen plugin's (:func:`recorded_tables`)."""
+        its sub-table (``update.odsgd``): all of the chosen plugin's (:func:`recorded_tables`)."""
         out = dataclasses.asdict(self)
         for name, sec in sections(self):
             f = tables_field(sec)
@@ -276,7 +276,7 @@ def load_toml(cfg: Config, path: str) -> None:
         if not isinstance(table, dict):
             raise ConfigError(f"config file {path}: top-level key {section!r} must be a [section]")
         for key, value in table.items():
-            if isinstance(value, dict):           # a plugin's sub-table, [sync.odsgd]
+            if isinstance(value, dict):           # a plugin's sub-table, [update.odsgd]
                 for option, v in value.items():
                     set_value(cfg, f"{section}.{key}.{option}", v)
             else:

@@ -1,4 +1,4 @@
-"""Plugin options in sub-tables: ``[sync.odsgd]`` in TOML, ``--set sync.odsgd.warmup_steps=50``.
+"""Plugin options in sub-tables: ``[update.odsgd]`` in TOML, ``--set update.odsgd.warmup_steps=50``.
 
 A section whose plugins take options has a field made by :func:`plugin_tables`, naming the
 registry of those plugins (``"hpctrain.update:ALGORITHMS"``); it holds ``{plugin: {option: value}}``

@@ -48,7 +48,7 @@ def built_codec(cfg):
     tr = DistributedTrainer.from_config(model, torch.optim.SGD(model.parameters(), lr=0.1),
                                         Topology.create(MPI.COMM_SELF), cfg)
     try:
-        return tr.sync.codec
+        return tr.grad_sync.codec
     finally:
         tr.close()
 

@@ -155,7 +155,7 @@ PLUGIN_NUMBERS = plugin_numbers()
 
 def test_plugin_options_are_found():
     keys = {k for k, _ in PLUGIN_NUMBERS}
-    assert {"sync.odsgd.warmup_steps", "sync.odsgd.local_lr", "optim.lars.eta", "optim.lamb.beta2"} <= keys
+    assert {"update.odsgd.warmup_steps", "update.odsgd.local_lr", "optim.lars.eta", "optim.lamb.beta2"} <= keys
 
 
 @pytest.mark.parametrize("key,spec", PLUGIN_NUMBERS, ids=[k for k, _ in PLUGIN_NUMBERS])
@@ -171,7 +171,7 @@ def test_every_plugin_option_has_a_finite_range_and_refuses_what_is_outside(key,
     section, plugin, _ = key.split(".")
     for bad in outside(rng):
         cfg = Config()
-        setattr(cfg.sync if section == "sync" else cfg.optim, "algorithm" if section == "sync" else "name", plugin)
+        setattr(cfg.update if section == "update" else cfg.optim, "algorithm" if section == "update" else "name", plugin)
         set_value(cfg, key, str(int(bad) if spec.type is int else float(bad)))
         cfg.run.run_dir = "/nonexistent-dir-for-tests/run"
         with pytest.raises(ConfigError, match=rf"^config {re.escape(key)}: must be"):
@@ -216,7 +216,7 @@ def test_fixed_loss_scale_in_range_is_accepted():
 
 CHOICES = [("comm.strategy", "hpctrain.comm", "STRATEGIES"),
            ("comm.compression", "hpctrain.comm", "COMPRESSIONS"),
-           ("sync.algorithm", "hpctrain.update", "ALGORITHMS"),
+           ("update.algorithm", "hpctrain.update", "ALGORITHMS"),
            ("precision.compute", "hpctrain.trainer", "AUTOCAST_DTYPES"),
            ("optim.schedule", "hpctrain.optim.schedules", "KINDS"),
            ("optim.warmup", "hpctrain.optim.schedules", "WARMUPS"),
