@@ -19,7 +19,7 @@ def data_wait_share(comm, topo, steps: int, driver: str | None = None) -> dict:
     from hpctrain.data.builtin import resolve_dataset
     from hpctrain.models import build_model
     torch.set_num_threads(1)
-    from hpctrain.config import DataConfig
+    from hpctrain.job.config import DataConfig
     from hpctrain.data import train_loader_from_config
     cfg = DataConfig()                                    # the default job's data options
     idx = read_index(resolve_dataset(cfg.dataset, cfg.cache_dir, comm))

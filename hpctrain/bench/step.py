@@ -44,7 +44,7 @@ from hpctrain.api import bind_device
 from hpctrain.bench.allreduce import init_gloo
 from hpctrain.bench.args import add_round_args, check_round_args
 from hpctrain.bench.report import run_mpi_bench
-from hpctrain.config import CommConfig
+from hpctrain.job.config import CommConfig
 from hpctrain.errors import ConfigError
 from hpctrain.models import build_model
 from hpctrain.topology import Topology

@@ -19,7 +19,6 @@ a ``GradSync``); the old name is gone (docs/changelog.md). The config table is `
 """
 from __future__ import annotations
 
-from hpctrain.config.plugins import plugin_options
 from hpctrain.update.base import ALGORITHMS, StepResult, UpdateAlgorithm
 from hpctrain.update.guard import NonFiniteError
 from hpctrain.update.odsgd import ODSGD
@@ -31,12 +30,4 @@ def create(name: str, model, optimizer, grad_sync, **kwargs) -> UpdateAlgorithm:
     return ALGORITHMS.get(name)(model, optimizer, grad_sync, **kwargs)
 
 
-def algorithm_options(update_cfg) -> dict:
-    """Keyword options of ``update_cfg.algorithm`` from a ``UpdateConfig`` (for :func:`create`): the
-    algorithm's constructor is the schema (its ``Option``-annotated keywords), each read from
-    the sub-table ``[update.<name>]`` where given, else the constructor's default."""
-    return plugin_options(update_cfg, update_cfg.algorithm)
-
-
-__all__ = ["ALGORITHMS", "SSGD", "ODSGD", "StepResult", "NonFiniteError", "UpdateAlgorithm", "create",
-           "algorithm_options"]
+__all__ = ["ALGORITHMS", "SSGD", "ODSGD", "StepResult", "NonFiniteError", "UpdateAlgorithm", "create"]

@@ -11,7 +11,8 @@ from typing import Annotated  # noqa: F401  (read by a string annotation below)
 import pytest
 
 from hpctrain.cli import config_from_args
-from hpctrain.config import Config, ConfigError, help_text, load_toml, validate
+from hpctrain.config.plugins import plugin_options
+from hpctrain.job.config import Config, ConfigError, help_text, load_toml, validate
 from hpctrain.config.values import NON_NEGATIVE, Option
 
 NEW_TOML = """
@@ -63,7 +64,7 @@ def test_toml_and_set_give_identical_configs(tmp_path):
         assert cfg == configs[0] and cfg.to_dict() == configs[0].to_dict()
     cfg = configs[0]
     assert (cfg.comm.delay_ms, cfg.optim.exclude_1d) == (3.0, False)
-    assert update_lib.algorithm_options(cfg.update) == {"warmup_steps": 7, "local_lr": 0.05, "local_momentum": 0.5,
+    assert plugin_options(cfg.update, cfg.update.algorithm) == {"warmup_steps": 7, "local_lr": 0.05, "local_momentum": 0.5,
                                                     "dc_lambda": 0.1}
     # the dump (metrics.jsonl, checkpoints) spells the sub-table as a TOML file does
     assert cfg.to_dict()["update"] == {"algorithm": "odsgd", "odsgd": {"warmup_steps": 7, "local_lr": 0.05,
@@ -75,8 +76,8 @@ def test_algorithm_options_default_to_the_constructors():
     from hpctrain.update import ODSGD
     defaults = {k: p.default for k, p in inspect.signature(ODSGD).parameters.items()
                 if k in ("warmup_steps", "local_lr", "local_momentum", "dc_lambda")}
-    assert update_lib.algorithm_options(from_set(["update.algorithm=odsgd"]).update) == defaults
-    assert update_lib.algorithm_options(from_set(["update.odsgd.warmup_steps=3"]).update) == {}    # ssgd: none
+    assert plugin_options(from_set(["update.algorithm=odsgd"]).update, "odsgd") == defaults
+    assert plugin_options(from_set(["update.odsgd.warmup_steps=3"]).update, "ssgd") == {}    # ssgd: none
 
 
 @pytest.mark.parametrize("item", OLD_SET)
@@ -130,38 +131,25 @@ def test_help_lists_plugin_options_and_registry_choices(plugin_sandbox):
     assert "      optimiser: sgd | lars | lamb | adamw\n" in help_text()
 
 
-def test_reading_a_config_imports_no_torch():
-    code = ("import sys; from hpctrain.cli import config_from_args; "
-            "cfg = config_from_args(['--set', 'optim.exclude_1d=false', '--set', 'comm.delay_ms=1']); "
-            "print('torch' in sys.modules, 'mpi4py.MPI' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
-    assert out.stdout.split() == ["False", "False"]
-
-
 # --- a data or optimiser option is written in its section and its function's signature, no adapter line ---
 def test_every_data_field_but_the_datasets_is_a_loader_keyword():
     import dataclasses
 
-    from hpctrain.config import DataConfig
+    from hpctrain.job.config import DataConfig
     from hpctrain.data.factory import train_loader
     fields = {f.name for f in dataclasses.fields(DataConfig)}
     assert fields - set(inspect.signature(train_loader).parameters) == {"dataset", "cache_dir"}   # job._data_index
 
 
-def test_loader_adapter_passes_each_field_by_its_name(monkeypatch):
-    import functools
-
-    from hpctrain.config import DataConfig
-    from hpctrain.data import factory
-    seen = {}
-
-    @functools.wraps(factory.train_loader)
-    def record(index, topo, **kw):
-        seen.update(kw)
-    monkeypatch.setattr(factory, "train_loader", record)
-    d = DataConfig(block_size=7, shuffle_window=5, prefetch=0, augment=True, drop_last=False, augment_kind="flip",
-                   augment_flip=False, reader="node", hdf5_driver="serial", verify="off", workers=3, decode="cpu")
-    factory.train_loader_from_config(None, None, d, batch_size=3, seed=2)
+def test_loader_keywords_pass_each_field_by_its_name():
+    from hpctrain.job.config import DataConfig
+    from hpctrain.job.setup import loader_keywords
+    cfg = Config()
+    cfg.data = DataConfig(block_size=7, shuffle_window=5, prefetch=0, augment=True, drop_last=False,
+                          augment_kind="flip", augment_flip=False, reader="node", hdf5_driver="serial", verify="off",
+                          workers=3, decode="cpu")
+    cfg.train.batch_size, cfg.train.seed = 6, 2
+    seen = loader_keywords(cfg, ranks=2)
     assert seen == dict(block_size=7, shuffle_window=5, prefetch=0, augment=True, drop_last=False, augment_kind="flip",
                         augment_flip=False, reader="node", hdf5_driver="serial", verify="off", batch_size=3, seed=2,
                         raw=False, workers=3, decode="cpu")
@@ -265,7 +253,7 @@ def test_cli_help_lists_the_sub_table_keys():
 
 def test_old_names_are_no_attributes_or_keywords():
     """Python code written before the sub-tables gets the plain errors of a name that does not exist."""
-    from hpctrain.config import OptimConfig, UpdateConfig
+    from hpctrain.job.config import OptimConfig, UpdateConfig
     with pytest.raises(AttributeError):
         Config().optim.lars_eta                                    # noqa: B018
     with pytest.raises(AttributeError):

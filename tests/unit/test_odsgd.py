@@ -260,10 +260,11 @@ def test_option_errors_name_the_field():
 
 
 def test_algorithm_options_from_config():
-    from hpctrain.config import ConfigError, UpdateConfig, Config, validate
-    assert update_lib.algorithm_options(UpdateConfig()) == {}
-    opts = update_lib.algorithm_options(UpdateConfig(algorithm="odsgd", options={"odsgd": {"warmup_steps": 50,
-                                                                                       "local_lr": 0.01}}))
+    from hpctrain.config.plugins import plugin_options
+    from hpctrain.job.config import ConfigError, UpdateConfig, Config, validate
+    assert plugin_options(UpdateConfig(), "ssgd") == {}
+    opts = plugin_options(UpdateConfig(algorithm="odsgd", options={"odsgd": {"warmup_steps": 50, "local_lr": 0.01}}),
+                          "odsgd")
     assert opts == {"warmup_steps": 50, "local_lr": 0.01, "local_momentum": 0.0, "dc_lambda": 0.0}
     cfg = Config()
     cfg.comm.delay_ms = -1.0

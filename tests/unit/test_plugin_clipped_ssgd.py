@@ -7,7 +7,8 @@ from mpi4py import MPI
 
 from hpctrain import update as update_lib
 from hpctrain.cli import config_from_args
-from hpctrain.config import ConfigError, validate
+from hpctrain.config.plugins import plugin_options
+from hpctrain.job.config import ConfigError, validate
 from hpctrain.topology import Topology
 from hpctrain.trainer import DistributedTrainer
 
@@ -32,7 +33,7 @@ def expected_step(x, y, w, b, lr, max_norm):
 def test_selected_from_config_and_clips_the_mean(max_norm):
     cfg = config_from_args(["--set", f"update.algorithm={NAME}", "--run-dir", "/nonexistent/run"])
     validate(cfg)
-    assert update_lib.algorithm_options(cfg.update) == {"max_norm": 1.0}     # not given: its constructor's default
+    assert plugin_options(cfg.update, cfg.update.algorithm) == {"max_norm": 1.0}     # not given: its constructor's default
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 1).double()
     x, y = torch.randn(8, 3, dtype=torch.float64), torch.randn(8, dtype=torch.float64) * 5
@@ -68,10 +69,10 @@ def test_its_option_is_a_config_sub_table_with_no_edit_elsewhere(tmp_path):
                                  "--run-dir", "/nonexistent/run"])
     assert from_file == from_set
     validate(from_set)
-    assert update_lib.algorithm_options(from_set.update) == {"max_norm": 0.05}
+    assert plugin_options(from_set.update, NAME) == {"max_norm": 0.05}
     bad = config_from_args(["--set", f"update.algorithm={NAME}", "--set", "update.clipped_ssgd.max_norm=0"])
     with pytest.raises(ConfigError, match=r"^config update\.clipped_ssgd\.max_norm: must be positive, got 0\.0$"):
         validate(bad)
-    from hpctrain.config import help_text
+    from hpctrain.job.config import help_text
     assert "  update.clipped_ssgd.max_norm = 1.0\n      clip the mean gradient to this global L2 norm (must be positive)" \
         in help_text()
