@@ -1,14 +1,15 @@
-"""What a run measures at its end: exact evaluation over the test split, Final Polishing, and the
-summary line of metrics.jsonl. Collective."""
+"""What a run measures: exact evaluation over the test split (each epoch where asked, and at the
+end), Final Polishing, and the summary line of metrics.jsonl from the loop's :class:`Progress`.
+Collective."""
 from __future__ import annotations
 
 import itertools
 import math
 import time
+from dataclasses import dataclass, field
 
 import torch
 from mpi4py import MPI
-from dataclasses import dataclass, field
 
 from hpctrain import comm as comm_lib
 from hpctrain.batches import device_batches

@@ -17,7 +17,6 @@ from mpi4py import MPI
 
 from hpctrain import gpu_settings, kernels
 from hpctrain.api import bind_device
-from hpctrain.testhooks import device_batches_forced
 from hpctrain.config.plugins import plugin_options
 from hpctrain.config.values import matching_options
 from hpctrain.data import ShardLoader, ShardSet, eval_batches, open_split, read_index, train_loader
@@ -31,6 +30,7 @@ from hpctrain.ops.metrics import StepTimer, Timer, clock_for
 from hpctrain.optim import make_criterion, optimizer_from_config, schedule_from_config
 from hpctrain.optim.loss_scale import LossScaler
 from hpctrain.optim.recipe import apply_recipe
+from hpctrain.testhooks import device_batches_forced
 from hpctrain.topology import Topology
 from hpctrain.trainer import DistributedTrainer, compute_unsupported
 
