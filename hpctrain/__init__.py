@@ -18,7 +18,7 @@ _EXPORTS = {
     "ScheduleSpec": "hpctrain.optim", "spec_from_config": "hpctrain.optim", "LossScaler": "hpctrain.optim",
     "recompute_bn_stats": "hpctrain.polish",
     "build_model": "hpctrain.models",
-    "Config": "hpctrain.config",
+    "Config": "hpctrain.job.config",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -11,7 +11,7 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from hpctrain.config import Config
+    from hpctrain.job.config import Config
 
 # Subcommand → "module:function(argv) -> int", imported only when used.
 SUBCOMMANDS = {
@@ -39,7 +39,7 @@ class _KeysParser(argparse.ArgumentParser):
     options; torch is imported) only when the help is printed, not on every parse."""
 
     def format_help(self) -> str:
-        from hpctrain.config import help_text
+        from hpctrain.job.config import help_text
         self.epilog = ("configuration keys (TOML [section] key = value, [section.plugin] for a plugin's options, "
                        "or --set section.key=value):\n" + help_text())
         return super().format_help()
@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(argv: list[str]) -> Config:
     """Parse argv into a validated-later :class:`Config` (raises ConfigError on bad keys/values)."""
-    from hpctrain.config import Config, ConfigError, load_toml, set_value
+    from hpctrain.job.config import Config, ConfigError, load_toml, set_value
     args = build_parser().parse_args(argv)
     cfg = Config()
     if args.config:
@@ -82,28 +82,52 @@ def config_from_args(argv: list[str]) -> Config:
     return cfg
 
 
-def quiet_config(argv: list[str]) -> Config | None:
-    """The :class:`Config` of these arguments, or None where they do not parse (reported later,
-    once MPI is up, on every rank; nothing is printed here, not even ``--help``)."""
+# The keys read before MPI and torch start, with their defaults (the schema's: a unit test holds
+# them equal). The schema itself imports every registry, hence torch and MPI: too late for these.
+EARLY_KEYS = {"run.run_dir": "runs/latest", "ckpt.dir": "", "train.device": "auto"}
+
+
+def early_look(argv: list[str]) -> dict[str, str] | None:
+    """:data:`EARLY_KEYS` as these arguments set them (the TOML file, then ``--set``, then the
+    flags, as :func:`config_from_args` orders them), read without the schema; None where the
+    arguments do not parse (reported later, once MPI is up, on every rank; nothing is printed
+    here, not even ``--help``). The whole config is read and validated later, on every rank."""
     import contextlib
     import io
+    import tomllib
     if "-h" in argv or "--help" in argv:
         return None                 # the help reads the registries (MPI's among them): printed later
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            return config_from_args(argv)
+            args = build_parser().parse_args(argv)
+        values = dict(EARLY_KEYS)
+        if args.config:
+            with open(args.config, "rb") as fh:
+                doc = tomllib.load(fh)
+            for key in EARLY_KEYS:
+                section, _, name = key.partition(".")
+                value = doc.get(section, {}).get(name)
+                values[key] = value if isinstance(value, str) else values[key]
+        for item in args.overrides:
+            key, sep, value = item.partition("=")
+            if sep and key.strip() in EARLY_KEYS:
+                values[key.strip()] = value.strip()
+        for key in EARLY_KEYS:
+            flag = getattr(args, key.replace(".", "__"), None)
+            values[key] = values[key] if flag is None else flag
+        return values
     except (Exception, SystemExit):
         return None
 
 
-def refused_early(cfg) -> bool:
+def refused_early(early: dict[str, str] | None) -> bool:
     """Before MPI and torch (seconds of imports, a minute on a busy node): whether another job
     holds this run's directory; launcher rank 0 prints the line. The job still takes the lock
     itself later (:func:`hpctrain.ops.runlock.hold_run_dirs`): this look only refuses sooner."""
     from hpctrain.ops.runlock import held_run_dir, launcher_rank
-    if cfg is None:
+    if early is None:
         return False
-    line = held_run_dir([cfg.run.run_dir] + ([cfg.ckpt.dir] if cfg.ckpt.dir else []))
+    line = held_run_dir([early["run.run_dir"]] + ([early["ckpt.dir"]] if early["ckpt.dir"] else []))
     if line and launcher_rank() in (0, None):
         print(f"hpctrain: error: {line}", file=sys.stderr, flush=True)
     return line is not None
@@ -111,13 +135,13 @@ def refused_early(cfg) -> bool:
 
 def train_main(argv: list[str]) -> int:
     from hpctrain import gpu_bind
-    early = quiet_config(argv)
+    early = early_look(argv)
     if refused_early(early):
         return 2
-    gpu_bind.early_bind(early.train.device if early else None)    # before MPI_Init: a CUDA-aware MPI's context
+    gpu_bind.early_bind(early["train.device"] if early else None)    # before MPI_Init: a CUDA-aware MPI's context
     from mpi4py import MPI
 
-    from hpctrain.config import ConfigError, validate
+    from hpctrain.job.config import ConfigError, validate
     from hpctrain.errors import TrainingCollapsed, UserError
     from hpctrain.ops.abort import install_abort_hook
     from hpctrain.ops.agree import agree

@@ -15,10 +15,10 @@ from __future__ import annotations
 import torch
 
 
-def apply(train, backends=torch.backends) -> dict:
-    """Set the process-wide flags from ``train`` (a ``[train]`` section); returns what was set."""
-    backends.cudnn.benchmark = bool(train.cudnn_benchmark)
-    backends.cuda.matmul.allow_tf32 = bool(train.tf32)
+def apply(*, cudnn_benchmark: bool, tf32: bool, backends=torch.backends) -> dict:
+    """Set the process-wide flags (``train.cudnn_benchmark``, ``train.tf32``); returns what was set."""
+    backends.cudnn.benchmark = bool(cudnn_benchmark)
+    backends.cuda.matmul.allow_tf32 = bool(tf32)
     return {"cudnn.benchmark": backends.cudnn.benchmark, "cuda.matmul.allow_tf32": backends.cuda.matmul.allow_tf32}
 
 

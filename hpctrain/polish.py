@@ -22,7 +22,7 @@ The result equals a single-process run over the same batches (in any order, spli
 ranks in any way), up to floating-point summation order. Batch composition still matters,
 since train-mode BN normalises each batch with its own statistics: use the training batch
 size. The optional "last epochs without augmentation" part of Final Polishing is a data-loader
-setting, chosen in job.py.
+setting, chosen by the job (hpctrain/job/).
 """
 from __future__ import annotations
 

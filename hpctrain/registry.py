@@ -4,7 +4,8 @@ optimiser, data source).
 A plugin is one file that decorates its class or function with ``@REG.register("name")``; the
 decorator records it and sets its ``name``. The registry is a read-only mapping (``name ->
 factory``, in registration order), so config validation reads the accepted names from it
-(``choices="module:NAME"`` in :mod:`hpctrain.config`) and a new plugin needs no config edit.
+(the schema, :mod:`hpctrain.job.config`, holds each registry as a field's ``choices``) and a new
+plugin needs no config edit.
 :meth:`Registry.get` refuses an unknown name in one line naming the kind, the name and the
 choices. Importing this module registers nothing.
 

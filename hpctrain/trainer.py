@@ -3,7 +3,7 @@
 ``DistributedTrainer`` composes (it does not subclass or proxy) a ``torch.nn.Module``, a
 ``torch.optim.Optimizer``, a gradient-sync strategy (``hpctrain.comm``) and an update
 algorithm (``hpctrain.update``). Call :meth:`step` for a whole step; a loop that must stay its
-own can instead call ``trainer.sync.allreduce_grads()`` between its ``backward()`` and its
+own can instead call ``trainer.grad_sync.allreduce_grads()`` between its ``backward()`` and its
 ``optimizer.step()``. The CLI's training loop (``hpctrain.job``) is built on this class.
 
 Buffers (BatchNorm running statistics) are not gradients: each rank updates its own from its own
@@ -23,8 +23,7 @@ from torch import nn
 from hpctrain import comm as comm_lib
 from hpctrain import update as update_lib
 from hpctrain.ops.metrics import NULL_TIMER, StepTimer, Timer
-from hpctrain.optim import make_criterion, set_lr
-from hpctrain.optim.loss_scale import LossScaler
+from hpctrain.optim import set_lr
 from hpctrain.optim.schedules import ScheduleSpec, lr_at
 from hpctrain.topology import Topology
 
@@ -57,8 +56,9 @@ class DistributedTrainer:
     forward/backward under autocast (``compute``), synchronises gradients and updates.
     ``broadcast_buffers``: ``"finish"`` (rank 0's buffers in :meth:`finish`) or ``"forward"``
     (also before every forward, DDP's default). ``algorithm_options`` and ``compression_options``:
-    the update algorithm's and the codec's constructor keywords (``[sync.<name>]``,
-    ``[comm.<name>]``; :meth:`from_config` reads them from a config).
+    the update algorithm's and the codec's constructor keywords (``[update.<name>]``,
+    ``[comm.<name>]``; the CLI's job reads them all from its config,
+    :func:`hpctrain.job.setup.trainer_keywords`).
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, topology: Topology, *,
@@ -87,23 +87,10 @@ class DistributedTrainer:
         sync = comm_lib.create(strategy, model.parameters(), topology, bucket_bytes=int(bucket_mb * 2**20),
                                compression=compression, overlap=overlap, tune=tune,
                                compression_options=compression_options)
-        self.sync = comm_lib.with_comm_delay(sync, comm_delay_ms)   # emulated slow link (0: none)
-        self.algo = update_lib.create(algorithm, model, optimizer, self.sync, scaler=scaler, timer=self.timer,
+        self.grad_sync = comm_lib.with_comm_delay(sync, comm_delay_ms)   # emulated slow link (0: none)
+        self.algo = update_lib.create(algorithm, model, optimizer, self.grad_sync, scaler=scaler, timer=self.timer,
                                     **(algorithm_options or {}))
         self.step_count = 0
-
-    @classmethod
-    def from_config(cls, model: nn.Module, optimizer: torch.optim.Optimizer, topology: Topology, cfg, *,
-                    schedule: ScheduleSpec | None = None, timer: StepTimer | None = None) -> DistributedTrainer:
-        """The keyword constructor fed from a :class:`~hpctrain.config.Config`: its ``[comm]``,
-        ``[sync]`` and ``[precision]`` sections, and the loss of ``optim.label_smoothing``."""
-        c, s = cfg.comm, cfg.sync
-        return cls(model, optimizer, topology, strategy=c.strategy, compression=c.compression,
-                   bucket_mb=c.bucket_mb, overlap=c.overlap, tune=c.tune, algorithm=s.algorithm,
-                   algorithm_options=update_lib.algorithm_options(s), comm_delay_ms=c.delay_ms,
-                   compression_options=comm_lib.codec_options(c),
-                   schedule=schedule, loss_fn=make_criterion(cfg.optim.label_smoothing),
-                   compute=cfg.precision.compute, scaler=LossScaler.from_config(cfg.precision), timer=timer)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """Mixed-precision compute context (FP32 master weights stay in the optimiser)."""
@@ -173,4 +160,4 @@ class DistributedTrainer:
         try:
             self.algo.close()
         finally:
-            self.sync.close()
+            self.grad_sync.close()

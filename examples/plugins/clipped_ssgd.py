@@ -1,10 +1,10 @@
 """An update algorithm in one file: synchronous SGD with the mean gradient clipped to a global
-L2 norm (``sync.algorithm``).
+L2 norm (``update.algorithm``).
 
 Select it without editing the package:
-``--set sync.algorithm=examples.plugins.clipped_ssgd:clipped_ssgd``. Its constructor is its option
+``--set update.algorithm=examples.plugins.clipped_ssgd:clipped_ssgd``. Its constructor is its option
 schema: ``max_norm``, annotated with its help and range, is the config key
-``sync.clipped_ssgd.max_norm`` (``[sync.clipped_ssgd]`` in a TOML file, listed by ``--help`` once
+``update.clipped_ssgd.max_norm`` (``[update.clipped_ssgd]`` in a TOML file, listed by ``--help`` once
 the plugin is imported) with no edit elsewhere; :func:`~hpctrain.config.plugins.check_options`
 checks a value given in code by the same rule.
 
@@ -30,7 +30,7 @@ class ClippedSSGD(SSGD):
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_sync, *,
                  max_norm: Annotated[float, Option("clip the mean gradient to this global L2 norm", POSITIVE)] = 1.0,
                  **kwargs):
-        check_options(ClippedSSGD, "sync.clipped_ssgd", locals())
+        check_options(ClippedSSGD, "update.clipped_ssgd", locals())
         super().__init__(model, optimizer, grad_sync, **kwargs)
         self.max_norm = float(max_norm)
 

@@ -42,7 +42,6 @@ from hpctrain.comm.delay import DelayedSync, with_comm_delay
 from hpctrain.comm.flat import FlatSync
 from hpctrain.comm.hierarchical import HierarchicalSync, nodes_share_memory
 from hpctrain.comm.strategies import STRATEGIES
-from hpctrain.config.plugins import plugin_options
 
 # Importing flat and hierarchical (above, in this order) registered them; auto comes last.
 
@@ -69,13 +68,6 @@ def concrete() -> list[str]:
     return sorted(n for n, cls in STRATEGIES.items() if isinstance(cls, type))
 
 
-def codec_options(comm_cfg) -> dict:
-    """Keyword options of ``comm_cfg.compression`` from a ``CommConfig``: the codec's constructor
-    is the schema (its ``Option``-annotated keywords), each read from ``[comm.<codec>]`` where
-    given, else the constructor's default (the built-in codecs take none)."""
-    return plugin_options(comm_cfg, comm_cfg.compression)
-
-
 def create(name: str, params, topology, **kwargs) -> GradSync:
     """Build the strategy called ``name`` (collective over ``topology.comm``).
 
@@ -89,6 +81,6 @@ def create(name: str, params, topology, **kwargs) -> GradSync:
     return STRATEGIES.get(name)(params, topology, **kwargs)
 
 
-__all__ = ["Bucket", "GradSync", "make_buckets", "STRATEGIES", "COMPRESSIONS", "create", "codec_options",
+__all__ = ["Bucket", "GradSync", "make_buckets", "STRATEGIES", "COMPRESSIONS", "create",
            "FlatSync", "HierarchicalSync", "auto", "concrete",
            "allreduce_sum", "broadcast_module", "broadcast_tensors", "checksum", "DelayedSync", "with_comm_delay"]

@@ -1,20 +1,19 @@
-"""Plugin options in sub-tables: ``[sync.odsgd]`` in TOML, ``--set sync.odsgd.warmup_steps=50``.
+"""Plugin options in sub-tables: ``[update.odsgd]`` in TOML, ``--set update.odsgd.warmup_steps=50``.
 
-A section whose plugins take options has a field made by :func:`plugin_tables`, naming the
-registry of those plugins (``"hpctrain.update:ALGORITHMS"``); it holds ``{plugin: {option: value}}``
-as given. A plugin's options are the keywords of its constructor annotated
-``Annotated[type, Option(help, range)]`` (:class:`~hpctrain.config.values.Option`): the type,
-default, help and range of each are written there once and read from there by the config
-(coercion, :func:`hpctrain.config.validate`, ``--help``), by :func:`plugin_options` (the keywords
-the plugin is built with) and by the plugin's own check of values given in code
-(:func:`check_options`). So a new option is one annotated keyword. The registry is imported only
-when a sub-table is read or checked (registries import torch).
+A section whose plugins take options has a field made by :func:`plugin_tables`, holding the
+registry of those plugins (``hpctrain.update.ALGORITHMS``, given by the schema,
+:mod:`hpctrain.job.config`); it holds ``{plugin: {option: value}}`` as given. A plugin's options
+are the keywords of its constructor annotated ``Annotated[type, Option(help, range)]``
+(:class:`~hpctrain.config.values.Option`): the type, default, help and range of each are written
+there once and read from there by the config (coercion, :func:`hpctrain.job.config.validate`,
+``--help``), by :func:`plugin_options` (the keywords the plugin is built with) and by the plugin's
+own check of values given in code (:func:`check_options`). So a new option is one annotated
+keyword. This module knows no section and imports no registry.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 import inspect
 import typing
 from collections.abc import Iterator, Mapping
@@ -34,8 +33,8 @@ class OptionSpec:
     option: Option
 
 
-def plugin_tables(registry: str, help: str) -> Any:
-    """The field holding the option sub-tables of the plugins in ``registry`` (``"module:NAME"``)."""
+def plugin_tables(registry: Mapping, help: str) -> Any:
+    """The field holding the option sub-tables of the plugins in ``registry``."""
     return field(default_factory=dict, metadata={"help": help, "plugins": registry})
 
 
@@ -75,8 +74,7 @@ def tables_field(sec) -> dataclasses.Field | None:
 
 
 def _registry(f: dataclasses.Field):
-    module, _, name = f.metadata["plugins"].partition(":")
-    return getattr(importlib.import_module(module), name)
+    return f.metadata["plugins"]
 
 
 def _factory(sec, f: dataclasses.Field, plugin: str):
@@ -86,7 +84,7 @@ def _factory(sec, f: dataclasses.Field, plugin: str):
     if plugin not in reg:
         for g in dataclasses.fields(sec):
             chosen = getattr(sec, g.name)
-            if g.metadata.get("choices") == f.metadata["plugins"] and isinstance(chosen, str) and ":" in chosen:
+            if g.metadata.get("choices") is f.metadata["plugins"] and isinstance(chosen, str) and ":" in chosen:
                 reg.plugin_problem(chosen)              # imports the module, which registers it
     return reg[plugin] if plugin in reg else None
 
@@ -153,7 +151,7 @@ def recorded_tables(sec) -> dict:
         return {}
     tables = {k: dict(v) for k, v in getattr(sec, f.name).items()}
     chosen = next((getattr(sec, g.name) for g in dataclasses.fields(sec)
-                   if g.metadata.get("choices") == f.metadata["plugins"]), None)
+                   if g.metadata.get("choices") is f.metadata["plugins"]), None)
     try:
         factory = _factory(sec, f, chosen.rpartition(":")[2]) if isinstance(chosen, str) else None
     except ImportError:
@@ -165,7 +163,7 @@ def recorded_tables(sec) -> dict:
 
 def check_options(factory, prefix: str, values: Mapping) -> None:
     """Check the option values given in code (the library API) against ``factory``'s schema, as
-    :func:`hpctrain.config.validate` checks the config; a ConfigError names ``prefix.key``.
+    :func:`hpctrain.job.config.validate` checks the config; a ConfigError names ``prefix.key``.
     ``values``: the constructor's ``locals()`` will do (keys outside the schema are ignored),
     so a new option needs no line here."""
     for key, spec in option_schema(factory).items():

@@ -1,16 +1,15 @@
 """The values a config key accepts: ranges, coercion of TOML and ``--set`` strings, and the
 check of one value against its range or choices.
 
-Shared by the sections' fields (:mod:`hpctrain.config`) and the plugin options read from a
-plugin's constructor (:mod:`hpctrain.config.plugins`), so each rule is written once; with the
-two helpers the adapters share (:func:`matching_options`: a section's fields as a function's
-keywords; :func:`is_plugin_spec`: is a value ``package.module:name``). Imports neither torch
-nor MPI: a choice field's registry is imported only when a value is checked.
+Shared by the sections' fields (the schema, :mod:`hpctrain.job.config`) and the plugin options
+read from a plugin's constructor (:mod:`hpctrain.config.plugins`), so each rule is written once;
+with the two helpers the adapters share (:func:`matching_options`: a section's fields as a
+function's keywords; :func:`is_plugin_spec`: is a value ``package.module:name``). Imports neither
+torch nor MPI, nor any registry: a choice field is given its registry (or a tuple) by the schema.
 """
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
 import math
 import os
@@ -59,7 +58,7 @@ LOSS_SCALE = Range(1.0, 2.0 ** 24)
 
 def opt(default, help: str, *, range: Range | None = None, choices=None, **kw) -> Any:
     """A dataclass field with a help text for ``--help``; numeric fields give their ``range``,
-    choice fields their ``choices`` (a tuple, or ``"module:NAME"`` of the registry to check)."""
+    choice fields their ``choices`` (a tuple, or the :class:`~hpctrain.registry.Registry` to check)."""
     meta = {"help": help, "range": range, "choices": choices}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta, **kw)
@@ -152,21 +151,16 @@ def is_plugin_spec(value: str) -> bool:
 
 
 def registry(choices) -> tuple:
-    """The accepted names of a choice field: the tuple itself, or the keys of ``"module:NAME"``."""
-    if isinstance(choices, str):
-        module, _, name = choices.partition(":")
-        choices = getattr(importlib.import_module(module), name)
+    """The accepted names of a choice field: a tuple's items, or a registry's (a mapping's) keys."""
     return tuple(choices)
 
 
-def _plugin_problem(choices: str, value: str) -> str | None:
+def _plugin_problem(choices, value: str) -> str | None:
     """``package.module:name`` for a registry field (:mod:`hpctrain.registry`): None once the
     module imports and registers ``name``, else why not."""
-    module, _, name = choices.partition(":")
-    reg = getattr(importlib.import_module(module), name)
-    if not hasattr(reg, "plugin_problem"):
+    if not hasattr(choices, "plugin_problem"):
         return f"must be one of {' | '.join(registry(choices))}, got {value!r}"
-    return reg.plugin_problem(value)
+    return choices.plugin_problem(value)
 
 
 def field_problem(f: dataclasses.Field | Option, value, name: str = "") -> str | None:
@@ -188,7 +182,7 @@ def field_problem(f: dataclasses.Field | Option, value, name: str = "") -> str |
         return None if ok else f"must be none, dynamic or a number {rng.describe()}, got {value!r}"
     if choices is not None:
         allowed = registry(choices)
-        if isinstance(value, str) and ":" in value and isinstance(choices, str):
+        if isinstance(value, str) and ":" in value:
             return _plugin_problem(choices, value)
         return None if value in allowed else f"must be one of {' | '.join(allowed)}, got {value!r}"
     if rng is None:

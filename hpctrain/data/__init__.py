@@ -1,15 +1,15 @@
 """Data: the shard format, the per-epoch block plan, the per-rank loader, augmentation.
 
-``train_loader`` / ``open_split`` (``factory.py``) build them from the ``[data]`` options (given
-by name, or as the section: ``train_loader_from_config`` / ``open_split_from_config``).
+``train_loader`` / ``open_split`` (``factory.py``) build them from the ``[data]`` options, given
+by name.
 """
 from hpctrain.data.augment import Augment, BatchPrep, Normalize
-from hpctrain.data.factory import open_split, open_split_from_config, train_loader, train_loader_from_config
+from hpctrain.data.factory import open_split, train_loader
 from hpctrain.data.index import ShardError, ShardIndex, read_index
 from hpctrain.data.loader import LoaderStats, ShardLoader, eval_batches, eval_prep
 from hpctrain.data.plan import block_range, rank_runs, steps_per_epoch
 from hpctrain.data.shards import ShardSet
 
-__all__ = ["Augment", "BatchPrep", "Normalize", "open_split", "train_loader", "open_split_from_config",
-           "train_loader_from_config", "LoaderStats", "ShardLoader", "eval_batches", "eval_prep",
-           "block_range", "rank_runs", "steps_per_epoch", "ShardError", "ShardIndex", "ShardSet", "read_index"]
+__all__ = ["Augment", "BatchPrep", "Normalize", "open_split", "train_loader", "LoaderStats", "ShardLoader",
+           "eval_batches", "eval_prep", "block_range", "rank_runs", "steps_per_epoch", "ShardError", "ShardIndex",
+           "ShardSet", "read_index"]

@@ -1,16 +1,15 @@
 """Build the training loader and the evaluation split from the data options, for the CLI job
 (``hpctrain.job``).
 
-The options are the fields of ``DataConfig``, passed by name or as the section itself
-(``*_from_config``: each field named as a keyword of :func:`train_loader` is passed to it, so a
-new data option is its field and its keyword, nothing here). ``reader="node"``: the node's local
+The options are the fields of ``[data]``, passed by name (the job passes each field named as a
+keyword of :func:`train_loader`, so a new data option is its field and its keyword, nothing
+here); this module never sees the config. ``reader="node"``: the node's local
 rank 0 opens the training shards — collectively over the node readers (``Topology.inter`` of
 local rank 0) with ``mpio`` — and fills the shared window; the other ranks never open them.
 Evaluation splits are read by every rank.
 """
 from __future__ import annotations
 
-from hpctrain.config.values import matching_options
 from hpctrain.data import gpudecode
 from hpctrain.data.augment import KINDS, Augment
 from hpctrain.data.decodepool import affinity, resolve_workers
@@ -98,16 +97,3 @@ def train_loader(index: ShardIndex, topo, *, batch_size: int, seed: int = 0, blo
                          workers=n_workers, decode=decode)
     loader.owns_shards = True
     return loader
-
-
-def train_loader_from_config(index: ShardIndex, topo, d, *, batch_size: int, seed: int = 0,
-                             raw: bool = False, **overrides) -> ShardLoader:
-    """:func:`train_loader` with the options of a ``[data]`` section ``d`` (each field named as
-    one of its keywords), ``overrides`` over them."""
-    return train_loader(index, topo, **matching_options(train_loader, d, batch_size=batch_size, seed=seed, raw=raw,
-                                                        **overrides))
-
-
-def open_split_from_config(index: ShardIndex, split: str, topo, d) -> ShardSet:
-    """:func:`open_split` with the options of a ``[data]`` section ``d``."""
-    return open_split(index, split, topo, driver=d.hdf5_driver, verify=d.verify)

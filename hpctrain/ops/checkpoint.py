@@ -111,14 +111,6 @@ class Checkpointer:
         # the work so far: this leg of the run (ckptdir), and the samples seen when it began at base_step
         self.leg, self.base_step, self.base_samples = 0, 0, 0
 
-    @classmethod
-    def from_config(cls, cfg, comm: MPI.Comm, loader, timer: Timer = NULL_TIMER,
-                    run_id: str | None = None) -> Checkpointer:
-        directory = cfg.ckpt.dir or os.path.join(cfg.run.run_dir, "checkpoints")
-        return cls(comm, directory, steps_per_epoch=loader.steps, global_batch=loader.global_batch,
-                   config=cfg.to_dict(), every_steps=cfg.ckpt.every_steps, keep=cfg.ckpt.keep, timer=timer,
-                   run_id=run_id)
-
     def _say(self, text: str) -> None:
         if self.rank == 0:
             print(f"hpctrain: {text}", file=sys.stderr, flush=True)

@@ -1,11 +1,11 @@
-"""Update algorithms: how averaged gradients become parameter updates (``sync.algorithm``).
+"""Update algorithms: how averaged gradients become parameter updates (``update.algorithm``).
 
 ========  ===========================================================================
 ssgd      synchronous SGD: every step waits for the gradient mean (the default)
 odsgd     one-step delay SGD (Xu et al., arXiv:2005.06728): the allreduce of step t
           overlaps step t+1's forward/backward, which runs on locally updated weights.
           Use when communication is a large share of the step (slow or shared
-          network, many ranks); ``sync.odsgd.warmup_steps`` plain SSGD steps first.
+          network, many ranks); ``update.odsgd.warmup_steps`` plain SSGD steps first.
 ========  ===========================================================================
 
 Both derive from :class:`UpdateAlgorithm` (:mod:`hpctrain.update.base`: ``step``, ``finish``,
@@ -14,12 +14,11 @@ once). Both stop on non-finite numbers the same way: :class:`NonFiniteError` (a 
 one line, status 2 from the CLI) on every rank at the same step, naming the step and the
 rank(s), unless a loss scaler skipped the step (:mod:`hpctrain.update.guard`).
 
-This package was ``hpctrain.sync``, a name that read like the gradient sync (``trainer.sync``,
-a ``GradSync``); the old name is gone (docs/changelog.md). The config table is still ``[sync]``.
+This package was ``hpctrain.sync``, a name that read like the gradient sync (now ``trainer.grad_sync``,
+a ``GradSync``); the old name is gone (docs/changelog.md). The config table is ``[update]``, after this package.
 """
 from __future__ import annotations
 
-from hpctrain.config.plugins import plugin_options
 from hpctrain.update.base import ALGORITHMS, StepResult, UpdateAlgorithm
 from hpctrain.update.guard import NonFiniteError
 from hpctrain.update.odsgd import ODSGD
@@ -31,12 +30,4 @@ def create(name: str, model, optimizer, grad_sync, **kwargs) -> UpdateAlgorithm:
     return ALGORITHMS.get(name)(model, optimizer, grad_sync, **kwargs)
 
 
-def algorithm_options(sync_cfg) -> dict:
-    """Keyword options of ``sync_cfg.algorithm`` from a ``SyncConfig`` (for :func:`create`): the
-    algorithm's constructor is the schema (its ``Option``-annotated keywords), each read from
-    the sub-table ``[sync.<name>]`` where given, else the constructor's default."""
-    return plugin_options(sync_cfg, sync_cfg.algorithm)
-
-
-__all__ = ["ALGORITHMS", "SSGD", "ODSGD", "StepResult", "NonFiniteError", "UpdateAlgorithm", "create",
-           "algorithm_options"]
+__all__ = ["ALGORITHMS", "SSGD", "ODSGD", "StepResult", "NonFiniteError", "UpdateAlgorithm", "create"]

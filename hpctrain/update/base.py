@@ -21,8 +21,8 @@ from hpctrain.ops.metrics import NULL_TIMER, Timer
 from hpctrain.registry import Registry
 from hpctrain.update.guard import NonFiniteGuard, sync_comm
 
-# ``sync.algorithm``: each algorithm's module registers its class (ssgd first: the default).
-ALGORITHMS: Registry[type[UpdateAlgorithm]] = Registry("sync.algorithm", "algorithm", sort_choices=False)
+# ``update.algorithm``: each algorithm's module registers its class (ssgd first: the default).
+ALGORITHMS: Registry[type[UpdateAlgorithm]] = Registry("update.algorithm", "algorithm", sort_choices=False)
 
 
 @dataclass
@@ -64,7 +64,7 @@ class UpdateAlgorithm(abc.ABC):
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_sync, *,
                  scaler=None, timer: Timer = NULL_TIMER):
-        self.model, self.optimizer, self.sync = model, optimizer, grad_sync
+        self.model, self.optimizer, self.grad_sync = model, optimizer, grad_sync
         self.scaler, self.timer = scaler, timer
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.guard = NonFiniteGuard(sync_comm(grad_sync)) if grad_sync is not None else None

@@ -110,7 +110,7 @@ def swap_data_(params, store: list[torch.Tensor]) -> None:
         store[i] = current
 
 
-# The options ([sync.odsgd] in the config): type, help and range, read by the config and checked here.
+# The options ([update.odsgd] in the config): type, help and range, read by the config and checked here.
 WarmupSteps = Annotated[int, Option("plain SSGD for the first N steps", NON_NEGATIVE)]
 LocalLr = Annotated[float, Option("lr of the local compensating update (0: the global lr)", Range(0, 1e3))]
 LocalMomentum = Annotated[float, Option("momentum of the local optimiser (0: stateless W - lr*g)", FRACTION)]
@@ -122,9 +122,9 @@ class ODSGD(UpdateAlgorithm):
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_sync, *,
                  warmup_steps: WarmupSteps = 200, local_lr: LocalLr = 0.0, local_momentum: LocalMomentum = 0.0,
                  dc_lambda: DcLambda = 0.0, scaler=None, timer: Timer = NULL_TIMER):
-        check_options(ODSGD, "sync.odsgd", locals())      # each Option-annotated keyword's range
+        check_options(ODSGD, "update.odsgd", locals())      # each Option-annotated keyword's range
         if local_lr == 0 and scales_lr_per_layer(optimizer):
-            raise ConfigError("sync.odsgd.local_lr: set it explicitly with LARS (its lr is scaled per layer "
+            raise ConfigError("update.odsgd.local_lr: set it explicitly with LARS (its lr is scaled per layer "
                              "by trust ratios, so the raw global lr would make the local step far too large)")
         super().__init__(model, optimizer, grad_sync, scaler=scaler, timer=timer)
         self.warmup_steps, self.local_lr = int(warmup_steps), float(local_lr)
@@ -146,7 +146,7 @@ class ODSGD(UpdateAlgorithm):
     # --- progress ---------------------------------------------------------------------------------
     def _poll_hook(self, *_):
         if self._round is not None:
-            self.sync.poll()
+            self.grad_sync.poll()
 
     @property
     def in_flight(self) -> bool:
@@ -182,7 +182,7 @@ class ODSGD(UpdateAlgorithm):
             dc_compensate_([self.params[i].grad for i in have], [self._store[i] for i in have],
                            [self.params[i].detach() for i in have], self.dc_lambda / scale)
         with self.timer.span("allreduce"):
-            self.sync.begin()
+            self.grad_sync.begin()
         self._round = Round([g["lr"] for g in self.optimizer.param_groups], scale, self.steps, loss.detach())
         with self.timer.span("local_update"):
             self._local_update(1.0 / scale)
@@ -204,12 +204,12 @@ class ODSGD(UpdateAlgorithm):
         """
         assert self._round is not None and self.guard is not None   # a round in flight, so a sync
         with self.timer.span("allreduce"):
-            while not self.sync.poll_reduction():   # a polite wait: on a shared core the ranks
+            while not self.grad_sync.poll_reduction():   # a polite wait: on a shared core the ranks
                 os.sched_yield()                   # the ring waits for get to run (MPI would spin)
-            found_inf = self.sync.finish(scatter=False)
+            found_inf = self.grad_sync.finish(scatter=False)
             self.guard.settle()                    # the last global update's weight flag
             local_grads = [p.grad for p in self.params]
-            self.sync.scatter_means()              # p.grad: views of the means (no copy)
+            self.grad_sync.scatter_means()              # p.grad: views of the means (no copy)
         rnd, self._round = self._round, None
         swap_data_(self.params, self._store)
         overflow = agreed_overflow(found_inf, self.params)
@@ -278,7 +278,7 @@ class ODSGD(UpdateAlgorithm):
     def load_state_dict(self, state: dict) -> None:
         """Collective when a round is in flight (it is drained and dropped)."""
         if self._round is not None:
-            self.sync.finish(scatter=False)           # the model's state was loaded already
+            self.grad_sync.finish(scatter=False)           # the model's state was loaded already
             self._round = None
         if self._local_buf is not None:
             for b in self._local_buf:

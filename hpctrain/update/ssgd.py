@@ -35,11 +35,11 @@ class SSGD(UpdateAlgorithm):
         with self.timer.span("backward"):
             (loss * self.scaler.scale if self.scaler else loss).backward()
         with self.timer.span("allreduce"):
-            overflow = bool(self.sync.finish(scatter=False))   # starts the round; p.grad: still this rank's own
+            overflow = bool(self.grad_sync.finish(scatter=False))   # starts the round; p.grad: still this rank's own
         if self.guard is not None:
             self.guard.settle()     # the last update's weight flag: computed long ago by now
             if not overflow:
-                self.sync.scatter_means()                      # p.grad: views of the means
+                self.grad_sync.scatter_means()                      # p.grad: views of the means
         scale = self.scaler.scale if self.scaler else 1.0
         # on overflow p.grad still holds this rank's own gradients: its verdict for the guard
         skipped = self.apply_mean(step, overflow, scale, loss.detach(),

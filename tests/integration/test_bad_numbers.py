@@ -48,7 +48,7 @@ STOP_LINE = re.compile(r"hpctrain: error: step \d+: (non-finite (loss|gradient)|
 
 @pytest.mark.parametrize("extra", [
     ["--compression", "fp16"],                                                   # F8
-    ["--set", "sync.algorithm=odsgd", "--set", "sync.odsgd.warmup_steps=2"],
+    ["--set", "update.algorithm=odsgd", "--set", "update.odsgd.warmup_steps=2"],
 ], ids=["fp16_wire", "odsgd"])
 def test_diverging_run_stops_every_rank_with_one_line(tmp_path, extra):
     r, secs = mpirun(2, ["-m", "hpctrain", "--run-dir", str(tmp_path), "--no-progress", "--epochs", "3",

@@ -31,5 +31,5 @@ def test_the_trainer_default_is_auto(closer):
     topo = closer(Topology.create(MPI.COMM_WORLD))
     model = torch.nn.Linear(4, 2)
     tr = closer(DistributedTrainer(model, torch.optim.SGD(model.parameters(), lr=0.1), topo))
-    assert "(auto: " in tr.sync.describe()
+    assert "(auto: " in tr.grad_sync.describe()
 

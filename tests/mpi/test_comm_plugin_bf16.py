@@ -11,7 +11,7 @@ from mpi4py import MPI
 
 from hpctrain import comm as comm_lib
 from hpctrain.cli import config_from_args
-from hpctrain.config import validate
+from hpctrain.job.config import validate
 from hpctrain.topology import Topology
 
 pytestmark = pytest.mark.usefixtures("plugin_sandbox")   # registrations undone after each test

@@ -14,8 +14,9 @@ import pytest
 from mpi4py import MPI
 
 from hpctrain import job as job_mod
+from hpctrain.job import loop as loop_mod
 from hpctrain.ops import datawait
-from hpctrain.config import Config
+from hpctrain.job.config import Config
 from hpctrain.ops.datawait import THRESHOLD
 
 PAUSE_S = 0.1
@@ -56,14 +57,14 @@ def run_job(cfg, capsys):
 def test_a_slow_loader_on_one_rank_is_named_once(cfg, capsys, monkeypatch):
     comm = MPI.COMM_WORLD
     slow_rank = comm.size - 1
-    timed = job_mod.timed_batches
+    timed = loop_mod.timed_batches
 
     def slow(batches):
         for item in batches:
             if comm.rank == slow_rank:
                 time.sleep(PAUSE_S)
             yield item
-    monkeypatch.setattr(job_mod, "timed_batches", lambda batches, timer: timed(slow(batches), timer))
+    monkeypatch.setattr(loop_mod, "timed_batches", lambda batches, timer: timed(slow(batches), timer))
     err = run_job(cfg, capsys)
     if comm.rank == 0:
         assert err.count("input is the bottleneck") == 1, err
@@ -82,7 +83,7 @@ def test_a_slow_loader_on_one_rank_is_named_once(cfg, capsys, monkeypatch):
 @pytest.mark.mpi
 def test_a_loader_that_keeps_up_says_nothing(cfg, capsys, monkeypatch):
     comm = MPI.COMM_WORLD
-    monkeypatch.setattr(job_mod, "maybe_inject", lambda rank, step: time.sleep(PAUSE_S))   # a slow step
+    monkeypatch.setattr(loop_mod, "maybe_inject", lambda rank, step: time.sleep(PAUSE_S))   # a slow step
     err = run_job(cfg, capsys)
     if comm.rank == 0:
         assert "input is the bottleneck" not in err, err

@@ -39,7 +39,7 @@ def test_overflow_on_one_rank_skips_everywhere(strategy):
     assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     assert all(torch.isfinite(p).all() for p in model.parameters())
     assert len(set(comm.allgather(comm_lib.checksum(model.parameters())))) == 1
-    algo.sync.close()
+    algo.grad_sync.close()
     topo.close()
 
 
@@ -57,7 +57,7 @@ def test_scaled_step_equals_unscaled_step():
         x = torch.randn(5, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(comm.Get_rank()))
         algo.step(lambda: torch.nn.functional.cross_entropy(model(x), torch.tensor([0, 1, 2, 0, 1])))
         results.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
-        algo.sync.close()
+        algo.grad_sync.close()
     assert torch.allclose(results[0], results[1], rtol=0, atol=1e-14)
     topo.close()
 

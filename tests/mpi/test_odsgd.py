@@ -79,7 +79,7 @@ def test_momentum_lr_schedule_and_dc_match_torch_simulation(strategy, ranks_per_
     tr, topo = registered(closer, make_trainer(comm, model, make_opt(model), spec=spec, loss_fn=loss_fn,
                                               strategy=strategy, ranks_per_node=ranks_per_node,
                                               overlap=overlap, bucket_mb=1e-4, **opts))
-    assert len(tr.sync.buckets) >= 3
+    assert len(tr.grad_sync.buckets) >= 3
     batches = mlp_batches(size, STEPS)
     ref = torch_odsgd(make_model, make_opt, batches, size, 2, [lr_at(t, spec) for t in range(STEPS)], loss_fn,
                       local_momentum=0.3, dc_lambda=0.5)

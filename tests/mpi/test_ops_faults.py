@@ -62,7 +62,8 @@ def test_odd_config_and_software_against_the_majority(world):
 def test_a_rank_on_another_kernel_path_is_named(world, monkeypatch):
     """On a GPU the job's software includes the kernel path: a rank whose CuPy failed (torch's
     reference kernels) would round its fp16 packing differently, so the start-up check names it."""
-    from hpctrain import job, kernels
+    from hpctrain import kernels
+    from hpctrain.job import setup as job
     odd = world.Get_size() - 1
     monkeypatch.setattr(kernels, "backend", lambda: ("cpu", "no CuPy") if world.Get_rank() == odd else ("cuda", "ok"))
     assert "kernels" not in job.software(torch.device("cpu"))          # no probe off the GPU

@@ -15,7 +15,7 @@ import torch
 from mpi4py import MPI
 from torch import nn
 
-from hpctrain.config import Config
+from hpctrain.job.config import Config
 from hpctrain.errors import UserError
 from hpctrain.topology import Topology
 from hpctrain.trainer import DistributedTrainer

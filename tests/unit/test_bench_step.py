@@ -2,7 +2,7 @@
 import pytest
 
 from hpctrain.tools.bench import step as bench
-from hpctrain.config import CommConfig
+from hpctrain.job.config import CommConfig
 
 
 def test_config_names():

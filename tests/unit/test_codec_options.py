@@ -8,7 +8,9 @@ import torch
 from mpi4py import MPI
 
 from hpctrain.cli import config_from_args
-from hpctrain.config import ConfigError, help_text, validate
+from hpctrain.job.setup import trainer_keywords
+from hpctrain.config.plugins import plugin_options
+from hpctrain.job.config import ConfigError, help_text, validate
 from hpctrain.topology import Topology
 from hpctrain.trainer import DistributedTrainer
 
@@ -45,10 +47,10 @@ def from_set(items):
 
 def built_codec(cfg):
     model = torch.nn.Linear(3, 1)
-    tr = DistributedTrainer.from_config(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                                        Topology.create(MPI.COMM_SELF), cfg)
+    tr = DistributedTrainer(model, torch.optim.SGD(model.parameters(), lr=0.1), Topology.create(MPI.COMM_SELF),
+                            **trainer_keywords(cfg))
     try:
-        return tr.sync.codec
+        return tr.grad_sync.codec
     finally:
         tr.close()
 
@@ -74,5 +76,5 @@ def test_built_in_codecs_take_no_options():
     from hpctrain import comm
     for name in ("none", "fp16"):
         cfg = from_set([f"comm.compression={name}"])
-        assert comm.codec_options(cfg.comm) == {} and set(cfg.to_dict()["comm"]) == {
+        assert plugin_options(cfg.comm, cfg.comm.compression) == {} and set(cfg.to_dict()["comm"]) == {
             "strategy", "compression", "ranks_per_node", "bucket_mb", "overlap", "tune", "delay_ms"}

@@ -1,4 +1,4 @@
-"""Plugin options in sub-tables (``[sync.odsgd]``, schema = the plugin's constructor): a TOML
+"""Plugin options in sub-tables (``[update.odsgd]``, schema = the plugin's constructor): a TOML
 file and ``--set`` give the same config, a key renamed before (docs/changelog.md) is an unknown
 key, a bad sub-table key or value is one line naming it, ``--help`` lists what the registries
 hold, and reading a config imports no torch."""
@@ -11,13 +11,14 @@ from typing import Annotated  # noqa: F401  (read by a string annotation below)
 import pytest
 
 from hpctrain.cli import config_from_args
-from hpctrain.config import Config, ConfigError, help_text, load_toml, validate
+from hpctrain.config.plugins import plugin_options
+from hpctrain.job.config import Config, ConfigError, help_text, load_toml, validate
 from hpctrain.config.values import NON_NEGATIVE, Option
 
 NEW_TOML = """
-[sync]
+[update]
 algorithm = "odsgd"
-[sync.odsgd]
+[update.odsgd]
 warmup_steps = 7
 local_lr = 0.05
 local_momentum = 0.5
@@ -35,11 +36,11 @@ beta2 = 0.99
 eps = 1e-7
 """
 # the keys before the sub-tables (docs/changelog.md): unknown now, each with the value above
-OLD_SET = ["sync.odsgd_warmup_steps=7", "sync.odsgd_local_lr=0.05", "sync.odsgd_local_momentum=0.5",
-           "sync.odsgd_dc_lambda=0.1", "sync.comm_delay_ms=3", "optim.lars_exclude_1d=false", "optim.lars_eta=0.002",
+OLD_SET = ["sync.odsgd.warmup_steps=7", "sync.odsgd_warmup_steps=7", "sync.odsgd_local_lr=0.05",
+           "sync.odsgd_local_momentum=0.5", "sync.odsgd_dc_lambda=0.1", "sync.comm_delay_ms=3", "optim.lars_exclude_1d=false", "optim.lars_eta=0.002",
            "optim.lars_eps=1e-8", "optim.lars_clip=true", "optim.lamb_beta2=0.99", "optim.lamb_eps=1e-7"]
-NEW_SET = ["sync.algorithm=odsgd", "sync.odsgd.warmup_steps=7", "sync.odsgd.local_lr=0.05",
-           "sync.odsgd.local_momentum=0.5", "sync.odsgd.dc_lambda=0.1", "comm.delay_ms=3", "optim.exclude_1d=false",
+NEW_SET = ["update.algorithm=odsgd", "update.odsgd.warmup_steps=7", "update.odsgd.local_lr=0.05",
+           "update.odsgd.local_momentum=0.5", "update.odsgd.dc_lambda=0.1", "comm.delay_ms=3", "optim.exclude_1d=false",
            "optim.lars.eta=0.002", "optim.lars.eps=1e-8", "optim.lars.clip=true", "optim.lamb.beta2=0.99",
            "optim.lamb.eps=1e-7"]
 
@@ -63,10 +64,10 @@ def test_toml_and_set_give_identical_configs(tmp_path):
         assert cfg == configs[0] and cfg.to_dict() == configs[0].to_dict()
     cfg = configs[0]
     assert (cfg.comm.delay_ms, cfg.optim.exclude_1d) == (3.0, False)
-    assert update_lib.algorithm_options(cfg.sync) == {"warmup_steps": 7, "local_lr": 0.05, "local_momentum": 0.5,
+    assert plugin_options(cfg.update, cfg.update.algorithm) == {"warmup_steps": 7, "local_lr": 0.05, "local_momentum": 0.5,
                                                     "dc_lambda": 0.1}
     # the dump (metrics.jsonl, checkpoints) spells the sub-table as a TOML file does
-    assert cfg.to_dict()["sync"] == {"algorithm": "odsgd", "odsgd": {"warmup_steps": 7, "local_lr": 0.05,
+    assert cfg.to_dict()["update"] == {"algorithm": "odsgd", "odsgd": {"warmup_steps": 7, "local_lr": 0.05,
                                                                      "local_momentum": 0.5, "dc_lambda": 0.1}}
 
 
@@ -75,8 +76,8 @@ def test_algorithm_options_default_to_the_constructors():
     from hpctrain.update import ODSGD
     defaults = {k: p.default for k, p in inspect.signature(ODSGD).parameters.items()
                 if k in ("warmup_steps", "local_lr", "local_momentum", "dc_lambda")}
-    assert update_lib.algorithm_options(from_set(["sync.algorithm=odsgd"]).sync) == defaults
-    assert update_lib.algorithm_options(from_set(["sync.odsgd.warmup_steps=3"]).sync) == {}    # ssgd: none
+    assert plugin_options(from_set(["update.algorithm=odsgd"]).update, "odsgd") == defaults
+    assert plugin_options(from_set(["update.odsgd.warmup_steps=3"]).update, "ssgd") == {}    # ssgd: none
 
 
 @pytest.mark.parametrize("item", OLD_SET)
@@ -91,21 +92,21 @@ def test_a_key_renamed_before_is_an_unknown_key(item, tmp_path):
 
 
 @pytest.mark.parametrize("items,message", [
-    (["sync.odsgd.nope=1"], "config sync.odsgd.nope: unknown key (odsgd's options: warmup_steps, local_lr, "
+    (["update.odsgd.nope=1"], "config update.odsgd.nope: unknown key (odsgd's options: warmup_steps, local_lr, "
                             "local_momentum, dc_lambda)"),
-    (["sync.ring.x=1"], "config sync.ring.x: unknown key (sub-tables of [sync]: odsgd)"),
-    (["sync.odsgd.warmup_steps=1.5"], "config sync.odsgd.warmup_steps: expected int, got '1.5'"),
-    (["sync.odsgd.local_lr=nan"], "config sync.odsgd.local_lr: expected a finite float, got 'nan'"),
-    (["sync.odsgd.local_momentum=1"], "config sync.odsgd.local_momentum: must be in [0, 1), got 1.0"),
+    (["update.ring.x=1"], "config update.ring.x: unknown key (sub-tables of [update]: odsgd)"),
+    (["update.odsgd.warmup_steps=1.5"], "config update.odsgd.warmup_steps: expected int, got '1.5'"),
+    (["update.odsgd.local_lr=nan"], "config update.odsgd.local_lr: expected a finite float, got 'nan'"),
+    (["update.odsgd.local_momentum=1"], "config update.odsgd.local_momentum: must be in [0, 1), got 1.0"),
     (["comm.delay_ms=-1"], "config comm.delay_ms: must be in [0, 60000], got -1.0"),
-    (["sync.options=1"], "config sync.options: unknown key"),
+    (["update.options=1"], "config update.options: unknown key"),
     (["optim.lars.eta=0"], "config optim.lars.eta: must be in (0, 1], got 0.0"),
     (["optim.lamb.beta2=1.5"], "config optim.lamb.beta2: must be in [0, 1), got 1.5"),
     (["optim.lars.clip=maybe"], "config optim.lars.clip: expected bool, got 'maybe'"),
     (["optim.adam.eps=1e-8"], "config optim.adam.eps: unknown key (sub-tables of [optim]: lars, lamb)"),
     (["optim.sgd.eta=0.1"], "config optim.sgd.eta: unknown key (sgd's options: none)"),
     (["comm.fp16.x=1"], "config comm.fp16.x: unknown key (fp16's options: none)"),
-    (["sync.mod:odsgd.x=1"], "config sync.mod:odsgd.x: unknown key (name the sub-table by the plugin's registered "
+    (["update.mod:odsgd.x=1"], "config update.mod:odsgd.x: unknown key (name the sub-table by the plugin's registered "
                              "name, odsgd)"),
 ])
 def test_bad_sub_table_key_or_value_names_it(items, message):
@@ -115,14 +116,14 @@ def test_bad_sub_table_key_or_value_names_it(items, message):
 
 
 def test_toml_sub_table_errors_name_the_key(tmp_path):
-    with pytest.raises(ConfigError, match=r"^config sync\.odsgd\.warmup_steps: expected int, got 'many'$"):
-        from_toml(tmp_path, '[sync.odsgd]\nwarmup_steps = "many"\n')
+    with pytest.raises(ConfigError, match=r"^config update\.odsgd\.warmup_steps: expected int, got 'many'$"):
+        from_toml(tmp_path, '[update.odsgd]\nwarmup_steps = "many"\n')
 
 
 def test_help_lists_plugin_options_and_registry_choices(plugin_sandbox):
     text = help_text()
-    assert "  sync.odsgd.warmup_steps = 200\n      plain SSGD for the first N steps (must be >= 0)" in text
-    assert "  sync.odsgd.local_momentum = 0.0\n" in text and "sync.odsgd_warmup_steps" not in text
+    assert "  update.odsgd.warmup_steps = 200\n      plain SSGD for the first N steps (must be >= 0)" in text
+    assert "  update.odsgd.local_momentum = 0.0\n" in text and "update.odsgd_warmup_steps" not in text
     assert "  optim.lars.eta = 0.001\n      LARS trust coefficient eta (must be in (0, 1])" in text
     assert "  optim.lamb.beta2 = 0.999\n" in text and "optim.lars_eta" not in text and "renamed" not in text
     assert "      optimiser: sgd | lars | lamb\n" in text and "{choices}" not in text
@@ -130,38 +131,25 @@ def test_help_lists_plugin_options_and_registry_choices(plugin_sandbox):
     assert "      optimiser: sgd | lars | lamb | adamw\n" in help_text()
 
 
-def test_reading_a_config_imports_no_torch():
-    code = ("import sys; from hpctrain.cli import config_from_args; "
-            "cfg = config_from_args(['--set', 'optim.exclude_1d=false', '--set', 'comm.delay_ms=1']); "
-            "print('torch' in sys.modules, 'mpi4py.MPI' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
-    assert out.stdout.split() == ["False", "False"]
-
-
 # --- a data or optimiser option is written in its section and its function's signature, no adapter line ---
 def test_every_data_field_but_the_datasets_is_a_loader_keyword():
     import dataclasses
 
-    from hpctrain.config import DataConfig
+    from hpctrain.job.config import DataConfig
     from hpctrain.data.factory import train_loader
     fields = {f.name for f in dataclasses.fields(DataConfig)}
     assert fields - set(inspect.signature(train_loader).parameters) == {"dataset", "cache_dir"}   # job._data_index
 
 
-def test_loader_adapter_passes_each_field_by_its_name(monkeypatch):
-    import functools
-
-    from hpctrain.config import DataConfig
-    from hpctrain.data import factory
-    seen = {}
-
-    @functools.wraps(factory.train_loader)
-    def record(index, topo, **kw):
-        seen.update(kw)
-    monkeypatch.setattr(factory, "train_loader", record)
-    d = DataConfig(block_size=7, shuffle_window=5, prefetch=0, augment=True, drop_last=False, augment_kind="flip",
-                   augment_flip=False, reader="node", hdf5_driver="serial", verify="off", workers=3, decode="cpu")
-    factory.train_loader_from_config(None, None, d, batch_size=3, seed=2)
+def test_loader_keywords_pass_each_field_by_its_name():
+    from hpctrain.job.config import DataConfig
+    from hpctrain.job.setup import loader_keywords
+    cfg = Config()
+    cfg.data = DataConfig(block_size=7, shuffle_window=5, prefetch=0, augment=True, drop_last=False,
+                          augment_kind="flip", augment_flip=False, reader="node", hdf5_driver="serial", verify="off",
+                          workers=3, decode="cpu")
+    cfg.train.batch_size, cfg.train.seed = 6, 2
+    seen = loader_keywords(cfg, ranks=2)
     assert seen == dict(block_size=7, shuffle_window=5, prefetch=0, augment=True, drop_last=False, augment_kind="flip",
                         augment_flip=False, reader="node", hdf5_driver="serial", verify="off", batch_size=3, seed=2,
                         raw=False, workers=3, decode="cpu")
@@ -277,7 +265,7 @@ def test_cli_help_lists_the_sub_table_keys():
     r = subprocess.run([sys.executable, "-m", "hpctrain", "--help"], capture_output=True, text=True, env=env,
                        timeout=120)
     assert r.returncode == 0, r.stderr
-    for key in ("sync.odsgd.warmup_steps = 200", "sync.odsgd.dc_lambda = 0.0", "comm.delay_ms = 0.0",
+    for key in ("update.odsgd.warmup_steps = 200", "update.odsgd.dc_lambda = 0.0", "comm.delay_ms = 0.0",
                 "optim.exclude_1d = True",
                 "optim.lars.eta = 0.001\n      LARS trust coefficient eta (must be in (0, 1])"):
         assert key in r.stdout, key
@@ -285,15 +273,15 @@ def test_cli_help_lists_the_sub_table_keys():
 
 def test_old_names_are_no_attributes_or_keywords():
     """Python code written before the sub-tables gets the plain errors of a name that does not exist."""
-    from hpctrain.config import OptimConfig, SyncConfig
+    from hpctrain.job.config import OptimConfig, UpdateConfig
     with pytest.raises(AttributeError):
         Config().optim.lars_eta                                    # noqa: B018
     with pytest.raises(AttributeError):
-        Config().sync.comm_delay_ms                                # noqa: B018
+        Config().update.comm_delay_ms                                # noqa: B018
     with pytest.raises(TypeError, match="lars_eta"):
         OptimConfig(lars_eta=0.002)
     with pytest.raises(TypeError, match="odsgd_warmup_steps"):
-        SyncConfig(algorithm="odsgd", odsgd_warmup_steps=3)
+        UpdateConfig(algorithm="odsgd", odsgd_warmup_steps=3)
 
 
 def test_record_holds_every_option_the_chosen_plugins_run_with():
@@ -303,15 +291,15 @@ def test_record_holds_every_option_the_chosen_plugins_run_with():
 
     from hpctrain.optim import OPTIMIZERS
     from hpctrain.update import ODSGD
-    cfg = from_set(["sync.algorithm=odsgd", "sync.odsgd.warmup_steps=3", "optim.name=lars", "optim.lamb.beta2=0.9"])
+    cfg = from_set(["update.algorithm=odsgd", "update.odsgd.warmup_steps=3", "optim.name=lars", "optim.lamb.beta2=0.9"])
     rec = cfg.to_dict()
     defaults = {k: p.default for k, p in inspect.signature(ODSGD).parameters.items()
                 if k in ("warmup_steps", "local_lr", "local_momentum", "dc_lambda")}
-    assert rec["sync"]["odsgd"] == {**defaults, "warmup_steps": 3}
+    assert rec["update"]["odsgd"] == {**defaults, "warmup_steps": 3}
     lars = inspect.signature(OPTIMIZERS.get("lars")).parameters
     assert rec["optim"]["lars"] == {k: lars[k].default for k in ("eta", "eps", "clip")}
     assert rec["optim"]["lamb"] == {"beta2": 0.9}                         # not chosen: as given
-    assert "odsgd" not in Config().to_dict()["sync"] and "lars" not in Config().to_dict()["optim"]
+    assert "odsgd" not in Config().to_dict()["update"] and "lars" not in Config().to_dict()["optim"]
 
 
 def test_optimiser_options_given_in_code_meet_the_configs_rule():

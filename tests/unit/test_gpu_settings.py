@@ -5,7 +5,7 @@ import torch
 
 from hpctrain import gpu_settings
 from hpctrain.comm import staging
-from hpctrain.config import Config
+from hpctrain.job.config import Config
 
 
 def fake_backends():
@@ -17,9 +17,9 @@ def test_defaults_and_flags_set_from_the_config():
     train = Config().train
     assert train.cudnn_benchmark is True and train.tf32 is False and train.channels_last is False
     b = fake_backends()
-    assert gpu_settings.apply(train, b) == {"cudnn.benchmark": True, "cuda.matmul.allow_tf32": False}
+    assert gpu_settings.apply(cudnn_benchmark=train.cudnn_benchmark, tf32=train.tf32, backends=b) == {"cudnn.benchmark": True, "cuda.matmul.allow_tf32": False}
     train.cudnn_benchmark, train.tf32 = False, True
-    gpu_settings.apply(train, b)
+    gpu_settings.apply(cudnn_benchmark=train.cudnn_benchmark, tf32=train.tf32, backends=b)
     assert b.cudnn.benchmark is False and b.cuda.matmul.allow_tf32 is True
 
 

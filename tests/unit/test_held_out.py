@@ -5,7 +5,7 @@ import math
 import pytest
 
 from hpctrain.tools.bench import held_out, study
-from hpctrain.config import Config
+from hpctrain.job.config import Config
 from hpctrain.errors import TrainingCollapsed
 from hpctrain.update import NonFiniteError
 

@@ -223,7 +223,7 @@ def test_ssgd_step_count_survives_a_checkpoint():
         tr.step(*batch(t))
     state = tr.algo.state_dict()
     assert state["steps"] == 2
-    other = SSGD(model, tr.optimizer, tr.sync)
+    other = SSGD(model, tr.optimizer, tr.grad_sync)
     other.load_state_dict(state)
     with pytest.raises(NonFiniteError, match="^step 2:"):
         other.step(lambda: torch.tensor(float("nan"), requires_grad=True) * model.weight.sum())

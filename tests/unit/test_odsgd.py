@@ -249,21 +249,22 @@ def test_group_lrs_sets_then_restores():
 def test_option_errors_name_the_field():
     model = linear_model()
     sgd = torch.optim.SGD(model.parameters(), lr=0.1)
-    for bad, key in ((dict(warmup_steps=-1), "sync.odsgd.warmup_steps"),
-                     (dict(local_momentum=1.0), "sync.odsgd.local_momentum"),
-                     (dict(local_lr=-1.0), "sync.odsgd.local_lr"), (dict(dc_lambda=-0.1), "sync.odsgd.dc_lambda")):
+    for bad, key in ((dict(warmup_steps=-1), "update.odsgd.warmup_steps"),
+                     (dict(local_momentum=1.0), "update.odsgd.local_momentum"),
+                     (dict(local_lr=-1.0), "update.odsgd.local_lr"), (dict(dc_lambda=-0.1), "update.odsgd.dc_lambda")):
         with pytest.raises(ValueError, match=re.escape(key)):
             update_lib.create("odsgd", model, sgd, None, **bad)
-    with pytest.raises(ValueError, match=r"sync\.odsgd\.local_lr.*LARS"):
+    with pytest.raises(ValueError, match=r"update\.odsgd\.local_lr.*LARS"):
         update_lib.create("odsgd", model, LARS(model.parameters(), lr=1.0), None)
     update_lib.create("odsgd", model, LARS(model.parameters(), lr=1.0), None, local_lr=0.01).remove_hooks()
 
 
 def test_algorithm_options_from_config():
-    from hpctrain.config import ConfigError, SyncConfig, Config, validate
-    assert update_lib.algorithm_options(SyncConfig()) == {}
-    opts = update_lib.algorithm_options(SyncConfig(algorithm="odsgd", options={"odsgd": {"warmup_steps": 50,
-                                                                                       "local_lr": 0.01}}))
+    from hpctrain.config.plugins import plugin_options
+    from hpctrain.job.config import ConfigError, UpdateConfig, Config, validate
+    assert plugin_options(UpdateConfig(), "ssgd") == {}
+    opts = plugin_options(UpdateConfig(algorithm="odsgd", options={"odsgd": {"warmup_steps": 50, "local_lr": 0.01}}),
+                          "odsgd")
     assert opts == {"warmup_steps": 50, "local_lr": 0.01, "local_momentum": 0.0, "dc_lambda": 0.0}
     cfg = Config()
     cfg.comm.delay_ms = -1.0

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hpctrain.cli import config_from_args
-from hpctrain.config import validate
+from hpctrain.job.config import validate
 from hpctrain.optim import LAMB, LARS, make_optimizer, optimizer_from_config
 
 

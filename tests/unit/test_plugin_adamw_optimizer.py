@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from hpctrain.cli import config_from_args
-from hpctrain.config import validate
+from hpctrain.job.config import validate
 from hpctrain.optim import optimizer_from_config
 
 pytestmark = pytest.mark.usefixtures("plugin_sandbox")   # registrations undone after each test

@@ -7,7 +7,8 @@ from mpi4py import MPI
 
 from hpctrain import update as update_lib
 from hpctrain.cli import config_from_args
-from hpctrain.config import ConfigError, validate
+from hpctrain.config.plugins import plugin_options
+from hpctrain.job.config import ConfigError, validate
 from hpctrain.topology import Topology
 from hpctrain.trainer import DistributedTrainer
 
@@ -30,15 +31,15 @@ def expected_step(x, y, w, b, lr, max_norm):
 
 @pytest.mark.parametrize("max_norm", [0.05, 1e6])
 def test_selected_from_config_and_clips_the_mean(max_norm):
-    cfg = config_from_args(["--set", f"sync.algorithm={NAME}", "--run-dir", "/nonexistent/run"])
+    cfg = config_from_args(["--set", f"update.algorithm={NAME}", "--run-dir", "/nonexistent/run"])
     validate(cfg)
-    assert update_lib.algorithm_options(cfg.sync) == {"max_norm": 1.0}     # not given: its constructor's default
+    assert plugin_options(cfg.update, cfg.update.algorithm) == {"max_norm": 1.0}     # not given: its constructor's default
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 1).double()
     x, y = torch.randn(8, 3, dtype=torch.float64), torch.randn(8, dtype=torch.float64) * 5
     want_w, want_b, norm = expected_step(x, y, model.weight.detach(), model.bias.detach(), 0.1, max_norm)
     topo = Topology.create(MPI.COMM_SELF)
-    tr = DistributedTrainer(model, torch.optim.SGD(model.parameters(), lr=0.1), topo, algorithm=cfg.sync.algorithm,
+    tr = DistributedTrainer(model, torch.optim.SGD(model.parameters(), lr=0.1), topo, algorithm=cfg.update.algorithm,
                             algorithm_options={"max_norm": max_norm}, loss_fn=half_mse)
     try:
         assert type(tr.algo).__name__ == "ClippedSSGD"
@@ -54,24 +55,24 @@ def test_selected_from_config_and_clips_the_mean(max_norm):
 
 def test_bad_max_norm_is_one_line():
     model = torch.nn.Linear(3, 1)
-    with pytest.raises(ConfigError, match=r"^config sync\.clipped_ssgd\.max_norm: must be positive, got 0$"):
+    with pytest.raises(ConfigError, match=r"^config update\.clipped_ssgd\.max_norm: must be positive, got 0$"):
         update_lib.create(NAME, model, torch.optim.SGD(model.parameters(), lr=0.1), None, max_norm=0)
 
 
 def test_its_option_is_a_config_sub_table_with_no_edit_elsewhere(tmp_path):
-    """``max_norm`` is read from ``[sync.clipped_ssgd]`` / ``--set sync.clipped_ssgd.max_norm``, by
+    """``max_norm`` is read from ``[update.clipped_ssgd]`` / ``--set update.clipped_ssgd.max_norm``, by
     the type and range its constructor declares."""
     f = tmp_path / "c.toml"
-    f.write_text(f'[sync]\nalgorithm = "{NAME}"\n[sync.clipped_ssgd]\nmax_norm = 0.05\n')
+    f.write_text(f'[update]\nalgorithm = "{NAME}"\n[update.clipped_ssgd]\nmax_norm = 0.05\n')
     from_file = config_from_args(["--config", str(f), "--run-dir", "/nonexistent/run"])
-    from_set = config_from_args(["--set", f"sync.algorithm={NAME}", "--set", "sync.clipped_ssgd.max_norm=0.05",
+    from_set = config_from_args(["--set", f"update.algorithm={NAME}", "--set", "update.clipped_ssgd.max_norm=0.05",
                                  "--run-dir", "/nonexistent/run"])
     assert from_file == from_set
     validate(from_set)
-    assert update_lib.algorithm_options(from_set.sync) == {"max_norm": 0.05}
-    bad = config_from_args(["--set", f"sync.algorithm={NAME}", "--set", "sync.clipped_ssgd.max_norm=0"])
-    with pytest.raises(ConfigError, match=r"^config sync\.clipped_ssgd\.max_norm: must be positive, got 0\.0$"):
+    assert plugin_options(from_set.update, NAME) == {"max_norm": 0.05}
+    bad = config_from_args(["--set", f"update.algorithm={NAME}", "--set", "update.clipped_ssgd.max_norm=0"])
+    with pytest.raises(ConfigError, match=r"^config update\.clipped_ssgd\.max_norm: must be positive, got 0\.0$"):
         validate(bad)
-    from hpctrain.config import help_text
-    assert "  sync.clipped_ssgd.max_norm = 1.0\n      clip the mean gradient to this global L2 norm (must be positive)" \
+    from hpctrain.job.config import help_text
+    assert "  update.clipped_ssgd.max_norm = 1.0\n      clip the mean gradient to this global L2 norm (must be positive)" \
         in help_text()

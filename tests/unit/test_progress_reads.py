@@ -2,7 +2,7 @@
 import torch
 from tqdm import tqdm
 
-from hpctrain.job import show_progress
+from hpctrain.job.console import show_progress
 
 
 class CountedLoss:

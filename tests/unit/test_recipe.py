@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from hpctrain.config import OptimConfig
+from hpctrain.job.config import OptimConfig
 from hpctrain.models.resnet import resnet20
 from hpctrain.models.small import MLP, SignalCNN, SmallCNN
 from hpctrain.optim.recipe import apply_recipe, normalises, recipe_for

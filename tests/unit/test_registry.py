@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from hpctrain.cli import config_from_args
-from hpctrain.config import ConfigError, validate
+from hpctrain.job.config import ConfigError, validate
 from hpctrain.registry import Registry
 
 

@@ -4,7 +4,7 @@ import stat
 
 import pytest
 
-from hpctrain.config import Config, ConfigError, validate
+from hpctrain.job.config import Config, ConfigError, validate
 from hpctrain.data.memory import check_loader_memory, loader_bytes
 from hpctrain.ops.rundircheck import run_dir_problem
 

@@ -51,19 +51,19 @@ def test_trainer_close_removes_odsgd_hooks_and_closes_the_sync():
     tr = trainer(model, "odsgd", topo, loss_fn=half_mse)
     for _ in range(2):
         tr.step(x, y)
-    algo, sync = tr.algo, tr.sync
+    algo, sync = tr.algo, tr.grad_sync
     assert algo.in_flight
     tr.finish()
 
     def backward_polls() -> int:
         """Forward/backward with a round 'in flight': how often OD-SGD's hooks poll."""
         counter = CountingSync()
-        algo.sync, algo._round = counter, object()
+        algo.grad_sync, algo._round = counter, object()
         try:
             model.zero_grad()
             half_mse(model(x), y).backward()
         finally:
-            algo.sync, algo._round = sync, None
+            algo.grad_sync, algo._round = sync, None
         return counter.polls
 
     assert backward_polls() > 0                 # the hooks are there while the trainer is open

@@ -22,7 +22,7 @@ import os
 import statistics
 import time
 
-from hpctrain.config import Config
+from hpctrain.job.config import Config
 from hpctrain.errors import UserError
 
 DATASETS = {"signal1d": "signal_cnn", "tabular": "mlp", "spirals": "mlp", "pulses": "signal_cnn"}
@@ -67,7 +67,7 @@ def run_one(base: Config, dataset: str, seed: int, name: str, overrides: dict, o
 def _with(base: Config, values: dict) -> Config:
     import copy
 
-    from hpctrain.config import set_value
+    from hpctrain.job.config import set_value
     cfg = copy.deepcopy(base)
     for k, v in values.items():
         set_value(cfg, k, v)

@@ -19,12 +19,14 @@ def data_wait_share(comm, topo, steps: int, driver: str | None = None) -> dict:
     from hpctrain.data_tools.builtin import resolve_dataset
     from hpctrain.models import build_model
     torch.set_num_threads(1)
-    from hpctrain.config import DataConfig
-    from hpctrain.data import train_loader_from_config
-    cfg = DataConfig()                                    # the default job's data options
-    idx = read_index(resolve_dataset(cfg.dataset, cfg.cache_dir, comm))
-    ld = train_loader_from_config(idx, topo, cfg, batch_size=64 // topo.size, seed=0,
-                                  hdf5_driver=driver or cfg.hdf5_driver)
+    from hpctrain.data import train_loader
+    from hpctrain.job.config import Config
+    from hpctrain.job.setup import loader_keywords
+    cfg = Config()                                        # the default job's data options
+    cfg.train.batch_size, cfg.train.seed = 64, 0
+    cfg.data.hdf5_driver = driver or cfg.data.hdf5_driver
+    idx = read_index(resolve_dataset(cfg.data.dataset, cfg.data.cache_dir, comm))
+    ld = train_loader(idx, topo, **loader_keywords(cfg, topo.size))
     driver = ld.shards.driver
     torch.manual_seed(0)
     model = build_model("digits_cnn", num_classes=idx.num_classes, in_channels=idx.sample_shape[0])

@@ -44,7 +44,7 @@ from hpctrain.api import bind_device
 from hpctrain.tools.bench.allreduce import init_gloo
 from hpctrain.tools.bench.args import add_round_args, check_round_args
 from hpctrain.tools.bench.report import run_mpi_bench
-from hpctrain.config import CommConfig
+from hpctrain.job.config import CommConfig
 from hpctrain.errors import ConfigError
 from hpctrain.models import build_model
 from hpctrain.topology import Topology
@@ -139,7 +139,7 @@ def build(name: str, base: nn.Module, topo: Topology, dist, device=CPU) -> Conte
         return Contender(name, model, plain_step(model, opt, loss_fn))
     options = parse_config(name)
     trainer = DistributedTrainer(model, sgd(model), topo, loss_fn=loss_fn, **options)
-    text = getattr(trainer.sync, "describe", lambda: "")()     # as built, before any step
+    text = getattr(trainer.grad_sync, "describe", lambda: "")()     # as built, before any step
     return Contender(name, model, trainer.step, trainer.close, describe=(lambda: text) if text else None)
 
 

@@ -17,7 +17,7 @@ import copy
 import json
 import os
 
-from hpctrain.config import Config, load_toml, set_value
+from hpctrain.job.config import Config, load_toml, set_value
 
 
 def variants(base_batch: int, factor: int, lr: float, lars_lr: float, warmup: float) -> list[tuple[str, dict]]:
