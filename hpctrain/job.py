@@ -60,6 +60,7 @@ class Job:
     timer: StepTimer
     device: torch.device = torch.device("cpu")
     raw: bool = False          # batches cross as stored and are normalised on the device (raw_batches)
+    lr_line: str = ""          # the start-up line's lr and why (optim.recipe = "auto": the recipe's line)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -100,7 +101,8 @@ def setup(cfg: Config, comm: MPI.Comm, stack: contextlib.ExitStack, done=None) -
     done("data index", 0.0, 0.0)
     loader, test_set = _agreed(comm, _open_data, cfg, topo, index, stack, raw)
     done("open data", 0.0, 0.0)
-    model, optimizer, schedule = _agreed(comm, _model_and_optimizer, cfg, index, loader, device)
+    model, optimizer, schedule, optim, recipe_line = _agreed(comm, _model_and_optimizer, cfg, index, loader, device)
+    cfg = dataclasses.replace(cfg, optim=optim)          # as run (the recipe's values): checked and recorded
     done("build model", 0.0, 0.0)
     # collective, same verdict on every rank: names an odd rank out
     _agreed(comm, check_consistency, topo.comm, model, cfg.to_dict(), software(device))
@@ -108,7 +110,8 @@ def setup(cfg: Config, comm: MPI.Comm, stack: contextlib.ExitStack, done=None) -
     timer = StepTimer(clock=clock_for(device))     # CUDA events on a GPU (what the device spends)
     trainer = DistributedTrainer.from_config(model, optimizer, topo, cfg, schedule=schedule, timer=timer)
     stack.push(on_agreed_exit(trainer.close))
-    return Job(cfg, topo, trainer, loader, test_set, timer, device, raw)
+    return Job(cfg, topo, trainer, loader, test_set, timer, device, raw,
+               recipe_line or describe_lr(cfg.optim, loader.global_batch))
 
 
 def raw_batches(device: torch.device) -> bool:
@@ -179,11 +182,11 @@ def _model_and_optimizer(cfg: Config, index, loader, device: torch.device):
     model = gpu_settings.model_memory_format(model, cfg.train.channels_last)
     sample = next(iter(eval_batches(loader.shards, rank=0, size=1, batch_size=2)))[0].to(device)
     check_model_output(model, sample, index.num_classes, m.name)
-    apply_recipe(cfg.optim, cfg.train.batch_size, model, cfg.train.epochs)   # optim.recipe = "auto": lr, eta, warm-up
-    optimizer = optimizer_from_config(model, cfg.optim)
-    schedule = schedule_from_config(cfg.optim, global_batch=cfg.train.batch_size, steps_per_epoch=loader.steps,
+    optim, recipe_line = apply_recipe(cfg.optim, cfg.train.batch_size, model, cfg.train.epochs)  # recipe "auto"
+    optimizer = optimizer_from_config(model, optim)
+    schedule = schedule_from_config(optim, global_batch=cfg.train.batch_size, steps_per_epoch=loader.steps,
                                     epochs=cfg.train.epochs)
-    return model, optimizer, schedule
+    return model, optimizer, schedule, optim, recipe_line
 
 
 def evaluate(job: Job, batch_size: int = 256) -> dict:
@@ -240,7 +243,7 @@ def startup_line(job: Job) -> str:
     """What this run chose and why, in one line: topology, device, gradient sync, effective lr."""
     return (f"hpctrain: {job.topo.describe()} | device {describe_device(job.device, job.cfg.train.device)} | "
             f"sync {job.trainer.sync.describe()} | "
-            f"{describe_lr(job.cfg.optim, job.loader.global_batch)}")
+            f"{job.lr_line}")
 
 
 def show_progress(bar, loss_acc: torch.Tensor, lr: float | None) -> None:
@@ -277,6 +280,7 @@ def run(cfg: Config, comm: MPI.Comm) -> dict:
         stop = StopSignal(comm)
         stack.push(on_agreed_exit(stop.close))
         job = setup(cfg, comm, stack, watchdog)
+        cfg = job.cfg                      # the config as run (optim.recipe = "auto" applied): recorded below
         run_id = rundir.identity(job.topo.comm, fresh=not resume_spec(cfg.ckpt.resume))
         ckpt = Checkpointer.from_config(cfg, job.topo.comm, job.loader, job.timer, run_id=run_id)
         resumed = ckpt.resume(job.trainer, cfg.ckpt.resume)      # None, or where to continue
@@ -416,7 +420,7 @@ def check_collapse(job: Job, watch: CollapseWatch, log: MetricsLog) -> None:
         return
     schedule, cfg = job.trainer.schedule, job.cfg
     line = explain_collapse(verdict, job.loader.steps, lambda s: lr_at(s, schedule) if schedule else None,
-                            schedule.warmup_steps if schedule else 0, describe_lr(cfg.optim, job.loader.global_batch))
+                            schedule.warmup_steps if schedule else 0, job.lr_line)
     log.log("collapsed", **dataclasses.asdict(verdict), message=line)
     if cfg.train.on_collapse == "stop":
         raise TrainingCollapsed(line)
