@@ -21,16 +21,18 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from torch import nn
 
 from hpctrain.errors import config_errors
 
-from .registry import OPTIMIZERS
+from .registry import registered_name
 
 __all__ = ["RECIPES", "Recipe", "RECIPE_ROWS", "recipe_for", "normalises", "apply_recipe"]
 
 RECIPES = ("none", "auto")
+S = TypeVar("S")                    # the [optim] section (a dataclass): apply_recipe returns one of its type
 NORM_LAYERS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, nn.LocalResponseNorm)
 
 
@@ -65,7 +67,7 @@ def recipe_for(optimizer: str, global_batch: int, normalised: bool) -> Recipe:
     ``global_batch``; a ValueError where the name is unknown or registers no row."""
     if global_batch <= 0:
         raise ValueError(f"global batch must be > 0, got {global_batch}")
-    name = OPTIMIZERS.get(optimizer).name          # an unknown optimiser: one line naming the choices
+    name = registered_name(optimizer)              # an unknown optimiser: one line naming the choices
     if name not in RECIPE_ROWS:
         raise ValueError(f"optim.recipe: auto has no row for optimiser {optimizer!r} (rows: "
                          f"{', '.join(RECIPE_ROWS)}); set optim.recipe = \"none\" and give its lr, warm-up "
@@ -87,19 +89,20 @@ def _default(o, key: str):
     return None if f is None or f.default is dataclasses.MISSING else f.default
 
 
-def apply_recipe(o, global_batch: int, model: nn.Module, epochs: float | None = None) -> tuple[object, str]:
-    """``(section, line)``: with ``o.recipe == "auto"``, a copy of the ``[optim]`` section ``o``
-    (a dataclass; ``o`` itself is left as it was) with the fields the optimiser's row decides
+def apply_recipe(section: S, global_batch: int, model: nn.Module, epochs: float | None = None) -> tuple[S, str]:
+    """``(new, line)``: with ``section.recipe == "auto"``, a copy of the ``[optim]`` section (a
+    dataclass; ``section`` itself is left as it was) with the fields the optimiser's row decides
     (lr, scale_lr, base_batch, lr_1d_scale, warmup, warmup_epochs, schedule, and its own options in
     its sub-table, e.g. ``lars.eta``), and the start-up line saying what was chosen and why;
-    ``(o, "")`` otherwise. ``epochs`` given: the warm-up is capped at half the run (a short test
+    ``(section, "")`` otherwise. ``epochs`` given: the warm-up is capped at half the run (a short test
     run still starts). A field the user set away from its default and the recipe changes is
     named in the line, so an override is never silent. An optimiser without a row: ConfigError."""
+    o: Any = section
     if o.recipe != "auto":
-        return o, ""
+        return section, ""
     with config_errors():
         r = recipe_for(o.name, global_batch, normalises(model))
-    own = OPTIMIZERS.get(o.name).name              # its sub-table: the registered name
+    own = registered_name(o.name)                  # its sub-table: the registered name
     warmup, why = r.warmup_epochs, r.why
     if epochs is not None and warmup > epochs / 2:
         warmup = epochs / 2

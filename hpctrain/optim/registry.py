@@ -22,3 +22,11 @@ if TYPE_CHECKING:
 # Registration order (sgd.py, lars.py, lamb.py, imported so by hpctrain/optim/__init__.py) is the order
 # errors and --help list them in.
 OPTIMIZERS: Registry[Callable[..., torch.optim.Optimizer]] = Registry("optim.name", "optimiser", sort_choices=False)
+
+
+def registered_name(optimizer: str) -> str:
+    """The name ``optimizer`` is registered under (``package.module:adamw`` -> ``adamw``, the module
+    imported): its sub-table ``[optim.<name>]``, recipe row and unset values are filed under it.
+    An unknown optimiser is a ValueError naming the choices."""
+    OPTIMIZERS.get(optimizer)
+    return optimizer.partition(":")[2] if ":" in optimizer else optimizer

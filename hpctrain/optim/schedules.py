@@ -40,7 +40,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .registry import OPTIMIZERS
+from .registry import registered_name
 
 __all__ = ["ScheduleSpec", "lr_at", "linear_scaled_lr", "describe_lr", "mlperf_lars_base_lr",
            "mlperf_lars_warmup_epochs", "spec_from_config", "KINDS", "WARMUPS", "Unset", "UNSET",
@@ -74,7 +74,7 @@ its own file fills it (LARS, the MLPerf table: ``UNSET["lars"] = unset`` in ``la
 def unset_defaults(optimizer: str | None, global_batch: int) -> Unset:
     """The :class:`Unset` of ``optimizer`` (a registered name or ``package.module:factory``; an
     unknown one is a ValueError naming the choices) at ``global_batch``; None: :data:`GOYAL_UNSET`."""
-    name = OPTIMIZERS.get(optimizer).name if optimizer is not None else None
+    name = registered_name(optimizer) if optimizer is not None else None
     return UNSET[name](global_batch) if name in UNSET else GOYAL_UNSET
 
 
