@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 from torch import nn
 
-from hpctrain.errors import config_errors
+from hpctrain.errors import ConfigError
 
 from .registry import registered_name
 
@@ -66,7 +66,7 @@ def recipe_for(optimizer: str, global_batch: int, normalised: bool) -> Recipe:
     """The table row of ``optimizer`` (a registered name or ``package.module:factory``) at
     ``global_batch``; a ValueError where the name is unknown or registers no row."""
     if global_batch <= 0:
-        raise ValueError(f"global batch must be > 0, got {global_batch}")
+        raise ValueError(f"optim.recipe: global batch must be > 0, got {global_batch}")
     name = registered_name(optimizer)              # an unknown optimiser: one line naming the choices
     if name not in RECIPE_ROWS:
         raise ValueError(f"optim.recipe: auto has no row for optimiser {optimizer!r} (rows: "
@@ -100,8 +100,10 @@ def apply_recipe(section: S, global_batch: int, model: nn.Module, epochs: float 
     o: Any = section
     if o.recipe != "auto":
         return section, ""
-    with config_errors():
+    try:
         r = recipe_for(o.name, global_batch, normalises(model))
+    except ValueError as exc:                      # each names its key: "optim.recipe: ...", "optim.name: ..."
+        raise ConfigError(f"config {exc}") from exc
     own = registered_name(o.name)                  # its sub-table: the registered name
     warmup, why = r.warmup_epochs, r.why
     if epochs is not None and warmup > epochs / 2:

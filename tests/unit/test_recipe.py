@@ -125,7 +125,7 @@ def test_an_optimiser_without_a_row_is_one_config_line_and_one_with_a_row_gets_i
     line naming it and the rows there are; ``none`` leaves it as given. Once its file registers a
     row, auto applies it, its own options in the sub-table of its registered name."""
     name = "examples.plugins.adamw_optimizer:adamw"
-    with pytest.raises(ConfigError, match=r"^optim\.recipe: auto has no row for optimiser "
+    with pytest.raises(ConfigError, match=r"^config optim\.recipe: auto has no row for optimiser "
                                           r"'examples\.plugins\.adamw_optimizer:adamw' \(rows: sgd, lars, lamb\); set "
                                           r"optim\.recipe = \"none\""):
         apply_recipe(OptimConfig(name=name, recipe="auto"), 1024, SignalCNN())
