@@ -7,7 +7,8 @@ annotated with their help and range, are the config keys ``optim.adamw.beta2`` a
 ``optim.adamw.eps`` (``[optim.adamw]`` in a TOML file, listed by ``--help`` once the plugin is
 imported) with no edit elsewhere. Decoupled weight decay applies to every parameter, 1-D ones
 included, as torch's AdamW does; the learning-rate schedule sets ``lr`` each step as for any
-optimiser.
+optimiser. It registers no row of the large-batch recipe, so ``optim.recipe = "auto"`` refuses
+it in one line; ``RECIPE_ROWS["adamw"] = row`` here (``hpctrain.optim.recipe``) would give it one.
 """
 from __future__ import annotations
 

@@ -6,14 +6,13 @@ import torch
 
 from hpctrain import kernels
 from hpctrain.job.setup import Job
-from hpctrain.optim.schedules import describe_lr
 
 
 def startup_line(job: Job) -> str:
     """What this run chose and why, in one line: topology, device, gradient sync, effective lr."""
     return (f"hpctrain: {job.topo.describe()} | device {describe_device(job.device, job.cfg.train.device)} | "
             f"sync {job.trainer.grad_sync.describe()} | "
-            f"{describe_lr(job.cfg.optim, job.loader.global_batch)}")
+            f"{job.lr_line}")
 
 
 def show_progress(bar, loss_acc: torch.Tensor, lr: float | None) -> None:

@@ -26,7 +26,7 @@ from hpctrain.ops.metrics import MetricsLog, read_records
 from hpctrain.ops.signals import StopSignal
 from hpctrain.ops.timeline import Timeline, merge_and_write
 from hpctrain.ops.watchdog import Watchdog, busy
-from hpctrain.optim.schedules import describe_lr, lr_at
+from hpctrain.optim.schedules import lr_at
 from hpctrain.testhooks import maybe_inject
 
 
@@ -144,7 +144,7 @@ def check_collapse(job: Job, watch: CollapseWatch, log: MetricsLog) -> None:
         return
     schedule, cfg = job.trainer.schedule, job.cfg
     line = explain_collapse(verdict, job.loader.steps, lambda s: lr_at(s, schedule) if schedule else None,
-                            schedule.warmup_steps if schedule else 0, describe_lr(cfg.optim, job.loader.global_batch))
+                            schedule.warmup_steps if schedule else 0, job.lr_line)
     log.log("collapsed", **dataclasses.asdict(verdict), message=line)
     if cfg.train.on_collapse == "stop":
         raise TrainingCollapsed(line)

@@ -41,6 +41,7 @@ def run(cfg: Config, comm: MPI.Comm) -> dict:
         stop = StopSignal(comm)
         stack.push(on_agreed_exit(stop.close))
         job = setup(cfg, comm, stack, watchdog)
+        cfg = job.cfg                      # the config as run (optim.recipe = "auto" applied): recorded below
         run_id = rundir.identity(job.topo.comm, fresh=not resume_spec(cfg.ckpt.resume))
         ckpt = checkpointer(cfg, job.topo.comm, job.loader, job.timer, run_id)
         resumed = ckpt.resume(job.trainer, cfg.ckpt.resume)      # None, or where to continue

@@ -8,6 +8,7 @@ collective (:func:`_agreed`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from hpctrain.ops.metrics import StepTimer, Timer, clock_for
 from hpctrain.optim import make_criterion, optimizer_from_config, schedule_from_config
 from hpctrain.optim.loss_scale import LossScaler
 from hpctrain.optim.recipe import apply_recipe
+from hpctrain.optim.schedules import describe_lr
 from hpctrain.testhooks import device_batches_forced
 from hpctrain.topology import Topology
 from hpctrain.trainer import DistributedTrainer, compute_unsupported
@@ -46,6 +48,7 @@ class Job:
     timer: StepTimer
     device: torch.device = torch.device("cpu")
     raw: bool = False          # batches cross as stored and are normalised on the device (raw_batches)
+    lr_line: str = ""          # the start-up line's lr and why (optim.recipe = "auto": the recipe's line)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -86,7 +89,8 @@ def setup(cfg: Config, comm: MPI.Comm, stack: contextlib.ExitStack, done=None) -
     done("data index", 0.0, 0.0)
     loader, test_set = _agreed(comm, _open_data, cfg, topo, index, stack, raw)
     done("open data", 0.0, 0.0)
-    model, optimizer, schedule = _agreed(comm, _model_and_optimizer, cfg, index, loader, device)
+    model, optimizer, schedule, optim, recipe_line = _agreed(comm, _model_and_optimizer, cfg, index, loader, device)
+    cfg = dataclasses.replace(cfg, optim=optim)          # as run (the recipe's values): checked and recorded
     done("build model", 0.0, 0.0)
     # collective, same verdict on every rank: names an odd rank out
     _agreed(comm, check_consistency, topo.comm, model, cfg.to_dict(), software(device))
@@ -94,7 +98,8 @@ def setup(cfg: Config, comm: MPI.Comm, stack: contextlib.ExitStack, done=None) -
     timer = StepTimer(clock=clock_for(device))     # CUDA events on a GPU (what the device spends)
     trainer = DistributedTrainer(model, optimizer, topo, **trainer_keywords(cfg), schedule=schedule, timer=timer)
     stack.push(on_agreed_exit(trainer.close))
-    return Job(cfg, topo, trainer, loader, test_set, timer, device, raw)
+    return Job(cfg, topo, trainer, loader, test_set, timer, device, raw,
+               recipe_line or describe_lr(cfg.optim, loader.global_batch))
 
 
 def trainer_keywords(cfg: Config) -> dict:
@@ -194,8 +199,8 @@ def _model_and_optimizer(cfg: Config, index, loader, device: torch.device):
     model = gpu_settings.model_memory_format(model, cfg.train.channels_last)
     sample = next(iter(eval_batches(loader.shards, rank=0, size=1, batch_size=2)))[0].to(device)
     check_model_output(model, sample, index.num_classes, m.name)
-    apply_recipe(cfg.optim, cfg.train.batch_size, model, cfg.train.epochs)   # optim.recipe = "auto": lr, eta, warm-up
-    optimizer = optimizer_from_config(model, cfg.optim)
-    schedule = schedule_from_config(cfg.optim, global_batch=cfg.train.batch_size, steps_per_epoch=loader.steps,
+    optim, recipe_line = apply_recipe(cfg.optim, cfg.train.batch_size, model, cfg.train.epochs)  # recipe "auto"
+    optimizer = optimizer_from_config(model, optim)
+    schedule = schedule_from_config(optim, global_batch=cfg.train.batch_size, steps_per_epoch=loader.steps,
                                     epochs=cfg.train.epochs)
-    return model, optimizer, schedule
+    return model, optimizer, schedule, optim, recipe_line

@@ -13,23 +13,25 @@ lamb     the same batches with Adam's moments under the trust ratio (You et al. 
 =======  =====================================================================================
 
 ``optim.recipe = "auto"`` (``recipe.py``) picks lr, eta and warm-up from the global batch, the
-optimiser and whether the model normalises. Each optimiser's own options (LARS ``eta``, ``eps``,
-``clip``; LAMB ``beta2``, ``eps``) are its factory's annotated keywords, ``[optim.lars]`` and
-``[optim.lamb]`` in the config.
+optimiser and whether the model normalises. Each optimiser is one file that registers its factory
+(its own options are the factory's annotated keywords: ``[optim.lars]``, ``[optim.lamb]`` in the
+config), its recipe row and, where it has its own, its lr and warm-up when those are unset:
+``sgd.py``, ``lars.py``, ``lamb.py``; importing them here, in that order, makes them built-ins.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Annotated
+import inspect
 
 import torch
 
-from hpctrain.config.plugins import check_options, plugin_options
-from hpctrain.config.values import FRACTION, Option, Range, matching_options
+from hpctrain.config.plugins import plugin_options
+from hpctrain.config.values import matching_options
 from hpctrain.errors import config_errors
 
-from .lamb import LAMB
+# the built-in optimisers, registered in this order: the order errors and --help list them in
+from .sgd import split_1d
 from .lars import LARS, resolve_norms_fn, trust_ratio
+from .lamb import LAMB
 from .loss_scale import LossScaler, grads_have_inf, next_scale, unscale_and_check_
 from .registry import OPTIMIZERS
 from .schedules import (ScheduleSpec, linear_scaled_lr, lr_at, mlperf_lars_base_lr,
@@ -48,50 +50,20 @@ def _params(params_or_model) -> list[torch.nn.Parameter]:
     return [p for p in params_or_model if p.requires_grad]
 
 
-def split_1d(params: Iterable[torch.nn.Parameter]) -> tuple[list, list]:
-    """``(multi_dim, one_dim)``: weights vs BN gamma/beta and biases (``ndim <= 1``)."""
-    params = list(params)
-    return [p for p in params if p.ndim > 1], [p for p in params if p.ndim <= 1]
+SHARED = ("lr", "momentum", "weight_decay", "nesterov", "exclude_1d", "lr_1d_scale")   # flat in [optim]
 
 
-@OPTIMIZERS.register("sgd")
-def _sgd(params, *, lr: float, momentum: float, weight_decay: float, nesterov: bool, exclude_1d: bool,
-        **_) -> torch.optim.SGD:
-    """``torch.optim.SGD``; with ``exclude_1d`` two param groups, the 1-D one without weight decay."""
-    if exclude_1d:
-        multi, one = split_1d(params)
-        groups = [g for g in ({"params": multi}, {"params": one, "weight_decay": 0.0}) if g["params"]]
-    else:
-        groups = [{"params": params}]
-    return torch.optim.SGD(groups, lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov)
-
-
-# Each optimiser's own options ([optim.lars], [optim.lamb] in the config): type, help and range,
-# read by the config (hpctrain.config.plugins); the options all optimisers share stay flat in [optim].
-Eta = Annotated[float, Option("LARS trust coefficient eta", Range(0, 1, lo_open=True))]
-LarsEps = Annotated[float, Option("LARS epsilon in the trust ratio denominator", Range(0, 1))]
-Clip = Annotated[bool, Option("LARC-style clipping of the trust ratio")]
-Beta2 = Annotated[float, Option("LAMB: second-moment decay (beta1 is optim.momentum)", FRACTION)]
-LambEps = Annotated[float, Option("LAMB: epsilon added to sqrt(v_hat)", Range(0, 1))]
-
-
-@OPTIMIZERS.register("lars")
-def _lars(params, *, lr: float, momentum: float, weight_decay: float, nesterov: bool, exclude_1d: bool,
-          lr_1d_scale: float, eta: Eta = 0.001, eps: LarsEps = 1e-9, clip: Clip = False, **_) -> LARS:
-    """LARS; its own options checked by the rule the config applies (``[optim.lars]``)."""
-    check_options(_lars, "optim.lars", locals())
-    return LARS(params, lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov, eta=eta,
-                eps=eps, clip=clip, exclude_1d=exclude_1d, lr_1d_scale=lr_1d_scale)
-
-
-@OPTIMIZERS.register("lamb")
-def _lamb(params, *, lr: float, momentum: float, weight_decay: float, exclude_1d: bool, lr_1d_scale: float,
-          beta2: Beta2 = 0.999, eps: LambEps = 1e-6, **_) -> LAMB:
-    """LAMB with beta1 = ``momentum``; its own options checked by the rule the config applies
-    (``[optim.lamb]``)."""
-    check_options(_lamb, "optim.lamb", locals())
-    return LAMB(params, lr=lr, betas=(momentum, beta2), eps=eps,
-                weight_decay=weight_decay, exclude_1d=exclude_1d, lr_1d_scale=lr_1d_scale)
+def _check_keywords(factory, name: str, own_options: dict) -> None:
+    """A keyword ``factory`` does not name (its ``**_`` only absorbs the shared options it does not
+    use) is a TypeError naming it: another optimiser's option (``eta`` for sgd) or an old name
+    (``adam_eps``) would otherwise be dropped without a word."""
+    named = [p.name for p in list(inspect.signature(factory).parameters.values())[1:]
+             if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    unknown = [k for k in own_options if k not in named]
+    if unknown:
+        own = [k for k in named if k not in SHARED] or ["none"]
+        raise TypeError(f"make_optimizer: optimiser {name!r} takes no keyword {unknown[0]!r} "
+                        f"(its own: {', '.join(own)})")
 
 
 def make_optimizer(params_or_model, name: str, lr: float, momentum: float = 0.9,
@@ -105,10 +77,13 @@ def make_optimizer(params_or_model, name: str, lr: float, momentum: float = 0.9,
     times ``lr_1d_scale``); LAMB's beta1 is ``momentum``. The schedule sets ``lr`` every step
     through ``set_lr``. ``own_options``: the optimiser's own (its factory's annotated keywords, the
     ``[optim.<name>]`` table: LARS ``eta``, ``eps``, ``clip``; LAMB ``beta2``, ``eps``), each
-    defaulting to the factory's, as a config-built optimiser's does; one it does not take is ignored.
+    defaulting to the factory's, as a config-built optimiser's does; one it does not take is a
+    TypeError naming it (as ``optim.sgd.eta`` is an unknown key in the config).
     """
-    return OPTIMIZERS.get(name)(_params(params_or_model), lr=lr, momentum=momentum, weight_decay=weight_decay,
-                                nesterov=nesterov, exclude_1d=exclude_1d, lr_1d_scale=lr_1d_scale, **own_options)
+    factory = OPTIMIZERS.get(name)
+    _check_keywords(factory, name, own_options)
+    return factory(_params(params_or_model), lr=lr, momentum=momentum, weight_decay=weight_decay,
+                   nesterov=nesterov, exclude_1d=exclude_1d, lr_1d_scale=lr_1d_scale, **own_options)
 
 
 def optimizer_from_config(params_or_model, o) -> torch.optim.Optimizer:

@@ -15,15 +15,28 @@ biases, norm gamma/beta, as the BERT reference's ``exclude_from_layer_adaptation
 plain Adam step ``lr * lr_1d_scale * m_hat/(sqrt(v_hat)+eps)`` without weight decay: per
 coordinate at most about ``lr``, so the 1-D parameters of a BN-free net stay bounded (the LARS
 pitfall in docs/large-batch.md does not arise). Gradients are not clipped or pre-normalised.
+
+As ``optim.name = "lamb"`` (the end of this file): its options ``[optim.lamb]`` (``beta2``,
+``eps``; beta1 is ``optim.momentum``) and its row of the large-batch recipe. Where lr or the
+warm-up is unset it takes the generic values (:data:`~hpctrain.optim.schedules.GOYAL_UNSET`).
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from typing import Annotated
 
 import torch
 from torch.optim import Optimizer
 
-__all__ = ["LAMB"]
+from hpctrain.config.plugins import check_options
+from hpctrain.config.values import FRACTION, Option, Range
+
+from .recipe import RECIPE_ROWS, Recipe
+from .registry import OPTIMIZERS
+from .schedules import mlperf_lars_warmup_epochs
+
+__all__ = ["LAMB", "build", "recipe_row"]
 
 
 class LAMB(Optimizer):
@@ -76,3 +89,45 @@ class LAMB(Optimizer):
         v.mul_(b2).addcmul_(g, g, value=1 - b2)
         denom = (v / (1 - b2 ** t)).sqrt_().add_(eps)
         return (m / (1 - b1 ** t)).div_(denom)
+
+
+# --- optim.name = "lamb" ---------------------------------------------------------------------------
+# Its own options ([optim.lamb] in the config): type, help and range, read by hpctrain.config.plugins.
+Beta2 = Annotated[float, Option("LAMB: second-moment decay (beta1 is optim.momentum)", FRACTION)]
+Eps = Annotated[float, Option("LAMB: epsilon added to sqrt(v_hat)", Range(0, 1))]
+
+
+@OPTIMIZERS.register("lamb")
+def build(params, *, lr: float, momentum: float, weight_decay: float, exclude_1d: bool, lr_1d_scale: float,
+          beta2: Beta2 = 0.999, eps: Eps = 1e-6, **_) -> LAMB:
+    """LAMB with beta1 = ``momentum``; its own options checked by the rule the config applies
+    (``[optim.lamb]``)."""
+    check_options(build, "optim.lamb", locals())
+    return LAMB(params, lr=lr, betas=(momentum, beta2), eps=eps,
+                weight_decay=weight_decay, exclude_1d=exclude_1d, lr_1d_scale=lr_1d_scale)
+
+
+BASE_LR, BASE_BATCH, MAX_LR = 0.05, 2048, 0.1           # square-root scaling from here (You et al. 2019)
+# BN-free: about a third of the normalised row's relative step. Issue 38: at 0.0707 (batch 4096)
+# LAMB's update points along the weights (cosine +0.3..0.9), every norm grows ~lr*cos per step
+# until a layer's ReLUs are all dead and the loss sits at ln C; 0.025 trained (docs/large-batch.md).
+# One seed per set, batch 2048-4096: the cap above 4096 is not measured.
+BN_FREE_BASE_LR, BN_FREE_BASE_BATCH, BN_FREE_MAX_LR = 0.025, 4096, 0.05
+
+
+def recipe_row(global_batch: int, normalised: bool) -> Recipe:
+    """lr square-root scaled from 0.05 at batch 2048, capped at 0.1 (normalised), or from 0.025 at
+    4096, capped at 0.05 (BN-free: its Adam direction points along the weights there, so the
+    norms grow at about lr per step); MLPerf's warm-up epochs; poly."""
+    kind = "normalised" if normalised else "BN-free"
+    base, base_batch, cap = ((BASE_LR, BASE_BATCH, MAX_LR) if normalised else
+                             (BN_FREE_BASE_LR, BN_FREE_BASE_BATCH, BN_FREE_MAX_LR))
+    lr = min(base * math.sqrt(global_batch / base_batch), cap)
+    warmup = mlperf_lars_warmup_epochs(global_batch)
+    return Recipe(lr=lr, warmup_epochs=warmup, schedule="poly",
+                  why=f"{kind} model: lr {base:g} x sqrt({global_batch}/{base_batch}) = {lr:.4g}"
+                      f"{' (capped)' if lr == cap else ''} (square-root scaling), {warmup:g} "
+                      f"warm-up epochs, poly")
+
+
+RECIPE_ROWS["lamb"] = recipe_row

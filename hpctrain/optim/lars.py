@@ -34,19 +34,30 @@ channels_last: the buckets give a channels_last parameter a channels_last gradie
 view), and CuPy present (``kernels.backend()``), one launch for all
 tensors of a group (``LARS.update_backend`` says which; ``fused_update=True`` forces it, e.g.
 onto its CPU reference in tests, ``False`` never uses it).
+
+As ``optim.name = "lars"`` (the end of this file): its options ``[optim.lars]`` (``eta``, ``eps``,
+``clip``: the factory's annotated keywords), its row of the large-batch recipe and, where lr or
+the warm-up is unset, the MLPerf ResNet-50 table.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Annotated
 
 import torch
 from torch.optim import Optimizer
 
+from hpctrain.config.plugins import check_options
+from hpctrain.config.values import Option, Range
 from hpctrain.kernels._args import is_dense as dense, same_layout
+
+from .recipe import RECIPE_ROWS, Recipe
+from .registry import OPTIMIZERS
+from .schedules import UNSET, Unset, mlperf_lars_base_lr, mlperf_lars_warmup_epochs
 
 NormsFn = Callable[[list[torch.Tensor]], torch.Tensor]
 
-__all__ = ["LARS", "trust_ratio", "resolve_norms_fn", "resolve_update_fn"]
+__all__ = ["LARS", "trust_ratio", "resolve_norms_fn", "resolve_update_fn", "build", "recipe_row", "unset"]
 
 
 def trust_ratio(w_norm: torch.Tensor, g_norm: torch.Tensor, eta: float,
@@ -244,3 +255,54 @@ def _axpy_(ys: list, xs: list, a, per_tensor: bool) -> None:
         torch._foreach_addcmul_(ys, xs, a)
     else:
         torch._foreach_add_(ys, xs, alpha=a)
+
+
+# --- optim.name = "lars" ---------------------------------------------------------------------------
+# Its own options ([optim.lars] in the config): type, help and range, read by hpctrain.config.plugins.
+Eta = Annotated[float, Option("LARS trust coefficient eta", Range(0, 1, lo_open=True))]
+Eps = Annotated[float, Option("LARS epsilon in the trust ratio denominator", Range(0, 1))]
+Clip = Annotated[bool, Option("LARC-style clipping of the trust ratio")]
+
+
+@OPTIMIZERS.register("lars")
+def build(params, *, lr: float, momentum: float, weight_decay: float, nesterov: bool, exclude_1d: bool,
+          lr_1d_scale: float, eta: Eta = 0.001, eps: Eps = 1e-9, clip: Clip = False, **_) -> LARS:
+    """LARS; its own options checked by the rule the config applies (``[optim.lars]``)."""
+    check_options(build, "optim.lars", locals())
+    return LARS(params, lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov, eta=eta,
+                eps=eps, clip=clip, exclude_1d=exclude_1d, lr_1d_scale=lr_1d_scale)
+
+
+# BN-free rows: eta such that the peak relative step lr*eta is 0.05 at the MLPerf lr (10 below 16K)
+BN_FREE_ETA = 0.005
+BN_FREE_LR_1D_SCALE = 0.01          # biases step at lr/100 (0.1 at the peak lr 10)
+
+
+def recipe_row(global_batch: int, normalised: bool) -> Recipe:
+    """Normalised model: MLPerf's ResNet-50 table unchanged (lr 10/25/31.2, eta 0.001, warm-up
+    5/5/25 epochs, poly). BN-free: without normalisation the logits scale with the product of
+    the layer norms, and a relative step large enough to train in few large-batch steps makes
+    them grow until the loss spikes, while the 1-D parameters excluded from the trust ratio
+    (biases) take the raw peak lr (10) and blow up; so the same lr and warm-up with a moderate
+    eta (the same peak relative step lr*eta at every row) and the 1-D parameters at
+    ``lr * lr_1d_scale`` (docs/large-batch.md)."""
+    lr, warmup = mlperf_lars_base_lr(global_batch), mlperf_lars_warmup_epochs(global_batch)
+    if normalised:
+        return Recipe(lr=lr, warmup_epochs=warmup, schedule="poly", options={"eta": 0.001},
+                      why=f"MLPerf ResNet-50 table, normalised model: lr {lr:g}, eta 0.001, {warmup:g} warm-up "
+                          f"epochs, poly")
+    eta = BN_FREE_ETA * 10.0 / lr
+    return Recipe(lr=lr, warmup_epochs=warmup, schedule="poly", options={"eta": eta}, lr_1d_scale=BN_FREE_LR_1D_SCALE,
+                  why=f"BN-free model: MLPerf lr {lr:g} and {warmup:g} warm-up epochs, eta {eta:g} "
+                      f"(peak relative step {lr * eta:g}), 1-D params at lr x {BN_FREE_LR_1D_SCALE:g}, poly")
+
+
+def unset(global_batch: int) -> Unset:
+    """lr unset: the MLPerf table's peak for this global batch, as given (not scaled); warm-up
+    unset: the table's epochs."""
+    return Unset(lr=mlperf_lars_base_lr(global_batch), warmup_epochs=mlperf_lars_warmup_epochs(global_batch),
+                 scaled=False, source="MLPerf LARS table")
+
+
+RECIPE_ROWS["lars"] = recipe_row
+UNSET["lars"] = unset

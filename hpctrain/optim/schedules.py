@@ -37,16 +37,45 @@ makes the switch epoch a tunable. ``hold_steps = 0`` makes it identical to ``lin
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from collections.abc import Sequence
 
-from hpctrain.optim.registry import OPTIMIZERS
+from .registry import registered_name
 
 __all__ = ["ScheduleSpec", "lr_at", "linear_scaled_lr", "describe_lr", "mlperf_lars_base_lr",
-           "mlperf_lars_warmup_epochs", "spec_from_config", "KINDS", "WARMUPS"]
+           "mlperf_lars_warmup_epochs", "spec_from_config", "KINDS", "WARMUPS", "Unset", "UNSET",
+           "GOYAL_UNSET", "unset_defaults"]
 
 KINDS = ("constant", "step", "cosine", "poly")
 WARMUPS = ("linear", "hybrid", "none")
+
+
+@dataclass(frozen=True)
+class Unset:
+    """What a schedule takes where ``lr`` or ``warmup_epochs`` is left unset (None in
+    :func:`spec_from_config`): the lr, scaled linearly from ``base_batch`` (when ``scale_lr``) or
+    the peak itself (``scaled=False``, a table given per global batch), and the warm-up epochs;
+    ``source`` names the table in the start-up line."""
+    lr: float
+    warmup_epochs: float
+    scaled: bool = True
+    source: str = ""
+
+
+GOYAL_UNSET = Unset(lr=0.1, warmup_epochs=5.0)
+"""Unset for an optimiser that registers nothing of its own (SGD, LAMB, plugins): Goyal et al.'s
+0.1 at batch 256, linearly scaled, and 5 warm-up epochs."""
+
+UNSET: dict[str, Callable[[int], Unset]] = {}
+"""An optimiser's own :class:`Unset`, a function of the global batch, under its registered name;
+its own file fills it (LARS, the MLPerf table: ``UNSET["lars"] = unset`` in ``lars.py``)."""
+
+
+def unset_defaults(optimizer: str | None, global_batch: int) -> Unset:
+    """The :class:`Unset` of ``optimizer`` (a registered name or ``package.module:factory``; an
+    unknown one is a ValueError naming the choices) at ``global_batch``; None: :data:`GOYAL_UNSET`."""
+    name = registered_name(optimizer) if optimizer is not None else None
+    return UNSET[name](global_batch) if name in UNSET else GOYAL_UNSET
 
 
 @dataclass(frozen=True)
@@ -123,18 +152,16 @@ def describe_lr(cfg_optim, global_batch: int) -> str:
     ``lr 0.025 = 0.1 x 64/256 (optim.scale_lr; set optim.scale_lr=false to use 0.1 as given)``.
 
     ``cfg_optim`` is the ``optim`` config section (``lr``, ``base_batch``, ``scale_lr``, ``name``);
-    the number is the one :func:`spec_from_config` computes.
+    the number is the one :func:`spec_from_config` computes. (With ``optim.recipe = "auto"`` the
+    job states the recipe's line instead: :func:`~hpctrain.optim.recipe.apply_recipe`.)
     """
-    if getattr(cfg_optim, "recipe_line", ""):          # optim.recipe = "auto", applied
-        return cfg_optim.recipe_line
     lr = getattr(cfg_optim, "lr", None)
     base_batch = getattr(cfg_optim, "base_batch", 256)
     scale = getattr(cfg_optim, "scale_lr", True)
-    name = getattr(cfg_optim, "name", "sgd")
-    if lr is None and name == "lars":
-        return (f"lr {mlperf_lars_base_lr(global_batch):g} (MLPerf LARS table for global batch "
-                f"{global_batch}; set optim.lr to choose)")
-    given = 0.1 if lr is None else lr
+    unset = unset_defaults(getattr(cfg_optim, "name", None), global_batch)
+    if lr is None and not unset.scaled:
+        return f"lr {unset.lr:g} ({unset.source} for global batch {global_batch}; set optim.lr to choose)"
+    given = unset.lr if lr is None else lr
     if not scale:
         return f"lr {given:g} as given (optim.scale_lr=false)"
     peak = linear_scaled_lr(given, global_batch, base_batch)
@@ -161,7 +188,7 @@ def mlperf_lars_warmup_epochs(global_batch: int) -> float:
 
 def spec_from_config(*, lr: float | None, global_batch: int, steps_per_epoch: int,
                      epochs: float, warmup_epochs: float | None, kind: str = "poly",
-                     warmup: str = "linear", optimizer: str = "sgd", base_batch: int = 256,
+                     warmup: str = "linear", optimizer: str | None = None, base_batch: int = 256,
                      scale_lr: bool = True, poly_power: float = 2.0, end_lr: float = 1e-4,
                      step_epochs: Sequence[float] = (), step_gamma: float = 0.1,
                      hold_epochs: float | None = None,
@@ -169,21 +196,21 @@ def spec_from_config(*, lr: float | None, global_batch: int, steps_per_epoch: in
     """Build a ``ScheduleSpec`` from config-level values (epochs are converted to steps).
 
     Peak lr: ``lr`` is the lr at ``base_batch`` scaled linearly to ``global_batch`` when
-    ``scale_lr`` (Goyal et al.), else the peak itself. ``lr=None`` means the published recipe:
-    LARS -> MLPerf table (``mlperf_lars_base_lr``, unscaled), SGD -> 0.1 linearly scaled.
-    ``warmup_epochs=None`` -> MLPerf table for LARS, 5 epochs (Goyal) for SGD.
+    ``scale_lr`` (Goyal et al.), else the peak itself. ``lr=None`` or ``warmup_epochs=None``:
+    the optimiser's published values (:func:`unset_defaults`: LARS registers the MLPerf table,
+    unscaled; SGD, LAMB, a plugin and ``optimizer=None`` take 0.1 linearly scaled and 5 epochs).
     ``hold_epochs`` (hybrid only) defaults to ``warmup_epochs``: switch at 2x warm-up.
     """
-    OPTIMIZERS.get(optimizer)           # an unknown name: one line naming the choices
+    unset = unset_defaults(optimizer, global_batch)     # an unknown name: one line naming the choices
     if steps_per_epoch <= 0 or epochs <= 0 or global_batch <= 0:
         raise ValueError("steps_per_epoch, epochs and global_batch must be > 0")
-    if lr is None and optimizer == "lars":
-        peak = mlperf_lars_base_lr(global_batch)
+    if lr is None and not unset.scaled:
+        peak = unset.lr
     else:
-        base = 0.1 if lr is None else lr
+        base = unset.lr if lr is None else lr
         peak = linear_scaled_lr(base, global_batch, base_batch) if scale_lr else base
     if warmup_epochs is None:
-        warmup_epochs = mlperf_lars_warmup_epochs(global_batch) if optimizer == "lars" else 5.0
+        warmup_epochs = unset.warmup_epochs
     if hold_epochs is None:
         hold_epochs = warmup_epochs if warmup == "hybrid" else 0.0
     to_steps = lambda e: int(round(e * steps_per_epoch))  # noqa: E731

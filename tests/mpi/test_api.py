@@ -31,7 +31,8 @@ def batches(world):
 def build(optimizer):
     torch.manual_seed(3)
     model = UserNet().double()
-    opt = hpctrain.make_optimizer(model, optimizer, lr=0.05, momentum=0.9, weight_decay=1e-3, eta=0.01)
+    own = {"eta": 0.01} if optimizer == "lars" else {}          # an option sgd does not take is refused
+    opt = hpctrain.make_optimizer(model, optimizer, lr=0.05, momentum=0.9, weight_decay=1e-3, **own)
     return model, opt
 
 
