@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("test_src", nargs="?", metavar="TEST_SRC",
                    help="npz only: a second .npz holding the test split (x, y); same as --test-file")
     c.add_argument("--from", dest="kind", required=True, choices=_SourceNames(sorted(SOURCES)),
-                   help="a registered reader, or package.module:name of a reader file (hpctrain/registry.py)")
+                   help="a registered reader, or package.module:name of a reader file (hpctrain/config/registries.py)")
     c.add_argument("--out", required=True, help="output shard directory")
     c.add_argument("--shards", type=int, default=1, help="shards per split")
     c.add_argument("--size", type=int, nargs=2, metavar=("H", "W"), help="resize to cover H×W, then centre-crop")

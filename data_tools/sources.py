@@ -27,7 +27,7 @@ import numpy as np
 
 from hpctrain.data.indexfields import MAX_CLASSES, MAX_SAMPLE_BYTES   # the limits the index is read with
 from hpctrain.errors import UserError
-from hpctrain.registry import Registry
+from hpctrain.config.registries import Registry
 
 # Filled by the reader modules as they are imported; data_tools/readers.py imports all of them.
 SOURCES: Registry[Callable[..., Source]] = Registry("data source", "source")

@@ -25,7 +25,7 @@ from hpctrain.data.plan import shard_range
 from hpctrain.data.index import BLOCK_BYTES, BLOCK_DIGEST, INDEX, file_sha256, shard_name, write_index
 from hpctrain.data.shardwriter import ShardWriter, shard_digests, shard_grid
 from hpctrain.errors import UserError
-from hpctrain.fileio import atomic_write_text
+from hpctrain.ops.fileio import atomic_write_text
 
 CHUNK_BYTES = 32 << 20          # samples read and written per step (bounds memory per rank)
 RECORDS = ".convert"

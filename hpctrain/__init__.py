@@ -16,7 +16,7 @@ _EXPORTS = {
     "Topology": "hpctrain.topology",
     "LARS": "hpctrain.optim", "LAMB": "hpctrain.optim", "make_optimizer": "hpctrain.optim", "lr_at": "hpctrain.optim",
     "ScheduleSpec": "hpctrain.optim", "spec_from_config": "hpctrain.optim", "LossScaler": "hpctrain.optim",
-    "recompute_bn_stats": "hpctrain.polish",
+    "recompute_bn_stats": "hpctrain.models.polish",
     "build_model": "hpctrain.models",
     "Config": "hpctrain.job.config",
 }

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import torch
 from mpi4py import MPI
 
-from hpctrain import gpu_bind
+from hpctrain.ops import gpu_bind
 from hpctrain.comm.collectives import allreduce_sum, broadcast_module
 from hpctrain.data import ShardLoader, ShardSet, eval_batches, read_index
 from hpctrain.errors import ConfigError
@@ -52,9 +52,9 @@ def bind_device(topo: Topology, want: str = "auto") -> torch.device:
     :class:`ConfigError`.
 
     The local rank is the rank on the *physical* host: the launcher's (as
-    :func:`hpctrain.gpu_bind.early_bind` used before MPI started, so both choose alike), else
+    :func:`hpctrain.ops.gpu_bind.early_bind` used before MPI started, so both choose alike), else
     the shared-memory split's; never the emulated ``comm.ranks_per_node`` layout. A script binds
-    before MPI initialises with ``hpctrain.gpu_bind.early_bind("auto")`` ahead of its first
+    before MPI initialises with ``hpctrain.ops.gpu_bind.early_bind("auto")`` ahead of its first
     ``import mpi4py.MPI`` / ``hpctrain.api``; the CLI does."""
     if want not in DEVICES:
         raise ConfigError(f"config train.device: must be one of {' | '.join(DEVICES)}, got {want!r}")

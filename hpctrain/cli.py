@@ -134,7 +134,7 @@ def refused_early(early: dict[str, str] | None) -> bool:
 
 
 def train_main(argv: list[str]) -> int:
-    from hpctrain import gpu_bind
+    from hpctrain.ops import gpu_bind
     early = early_look(argv)
     if refused_early(early):
         return 2

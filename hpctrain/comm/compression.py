@@ -34,7 +34,7 @@ import torch
 
 from hpctrain import kernels
 from hpctrain.comm.ring import SMALL_BYTES
-from hpctrain.registry import Registry
+from hpctrain.config.registries import Registry
 
 
 

@@ -45,7 +45,7 @@ import torch
 from hpctrain.comm import cuda_mpi, streams
 from hpctrain.comm.cuda_mpi import HostRegistry
 from hpctrain.comm.progress import Reduction
-from hpctrain.testhooks import staging_forced
+from hpctrain.ops.testhooks import staging_forced
 
 __all__ = ["DEVICE_HANDOFF", "HostRegistry", "Ready", "Staging", "after", "forced",
            "mpi_takes_device_buffers", "pin_host", "produced", "route"]
@@ -60,7 +60,7 @@ partial sum a kernel wrote; a direct bucket's reduction starts once the compute 
 
 def forced() -> bool:
     """Do the tests ask CPU buckets to take the device path? (read at bucket creation;
-    :mod:`hpctrain.testhooks`)"""
+    :mod:`hpctrain.ops.testhooks`)"""
     return staging_forced()
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from hpctrain.registry import Registry
+from hpctrain.config.registries import Registry
 
 if TYPE_CHECKING:
     from hpctrain.comm.base import GradSync

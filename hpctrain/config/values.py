@@ -58,7 +58,7 @@ LOSS_SCALE = Range(1.0, 2.0 ** 24)
 
 def opt(default, help: str, *, range: Range | None = None, choices=None, **kw) -> Any:
     """A dataclass field with a help text for ``--help``; numeric fields give their ``range``,
-    choice fields their ``choices`` (a tuple, or the :class:`~hpctrain.registry.Registry` to check)."""
+    choice fields their ``choices`` (a tuple, or the :class:`~hpctrain.config.registries.Registry` to check)."""
     meta = {"help": help, "range": range, "choices": choices}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta, **kw)
@@ -156,7 +156,7 @@ def registry(choices) -> tuple:
 
 
 def _plugin_problem(choices, value: str) -> str | None:
-    """``package.module:name`` for a registry field (:mod:`hpctrain.registry`): None once the
+    """``package.module:name`` for a registry field (:mod:`hpctrain.config.registries`): None once the
     module imports and registers ``name``, else why not."""
     if not hasattr(choices, "plugin_problem"):
         return f"must be one of {' | '.join(registry(choices))}, got {value!r}"

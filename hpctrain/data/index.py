@@ -58,7 +58,7 @@ import xxhash
 
 from hpctrain.data.indexfields import field_problems
 from hpctrain.errors import LocalUserError
-from hpctrain.fileio import atomic_write_text
+from hpctrain.ops.fileio import atomic_write_text
 
 FORMAT = "hpctrain-shards"
 VERSION = 5

@@ -1,5 +1,5 @@
 """Writing shard files: in chunks to a temporary name, renamed into place when complete
-(:mod:`hpctrain.fileio`); the entry carries the file's SHA-256 and its per-block digests (index v5:
+(:mod:`hpctrain.ops.fileio`); the entry carries the file's SHA-256 and its per-block digests (index v5:
 a grid aligned with the sample rows)."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 
 from hpctrain.data.index import (BLOCK_BYTES, BLOCK_DIGEST, FORMAT, VERSION, BlockGrid, ShardError, aligned_grid,
                                  data_block_ranges, file_digests, shard_name)
-from hpctrain.fileio import commit, discard, temp_path
+from hpctrain.ops.fileio import commit, discard, temp_path
 
 
 class ShardWriter:

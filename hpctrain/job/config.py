@@ -11,7 +11,7 @@ are refused for every float field when the value is read (``coerce``), the range
 :func:`validate` (both in :mod:`hpctrain.config.values`). Choice fields hold their registry
 (``choices=STRATEGIES``), which :func:`validate` and ``--help`` read, so a strategy, compression,
 schedule… added there is accepted and listed here without re-typing the list. A value
-``package.module:name`` selects a plugin outside the tree (:mod:`hpctrain.registry`). A plugin's
+``package.module:name`` selects a plugin outside the tree (:mod:`hpctrain.config.registries`). A plugin's
 own options live in a sub-table (``[update.odsgd]``) whose schema is the plugin's constructor
 (:mod:`hpctrain.config.plugins`).
 

@@ -12,7 +12,7 @@ import time
 import torch
 
 from hpctrain import comm as comm_lib
-from hpctrain.batches import device_batches, timed_batches
+from hpctrain.job.batches import device_batches, timed_batches
 from hpctrain.errors import TrainingCollapsed
 from hpctrain.job.console import show_progress
 from hpctrain.job.results import Progress, evaluate
@@ -27,7 +27,7 @@ from hpctrain.ops.signals import StopSignal
 from hpctrain.ops.timeline import Timeline, merge_and_write
 from hpctrain.ops.watchdog import Watchdog, busy
 from hpctrain.optim.schedules import lr_at
-from hpctrain.testhooks import maybe_inject
+from hpctrain.ops.testhooks import maybe_inject
 
 
 def train(job: Job, ckpt: Checkpointer, stop: StopSignal, resumed, log: MetricsLog,

@@ -12,13 +12,13 @@ import torch
 from mpi4py import MPI
 
 from hpctrain import comm as comm_lib
-from hpctrain.batches import device_batches
+from hpctrain.job.batches import device_batches
 from hpctrain.data import eval_batches, eval_prep
 from hpctrain.data.plan import block_range
 from hpctrain.job.setup import Job
 from hpctrain.ops.finite import NO_SAMPLE, check_result, first_nonfinite
 from hpctrain.ops.metrics import MetricsLog, gpu_time
-from hpctrain.polish import recompute_bn_stats
+from hpctrain.models.polish import recompute_bn_stats
 
 
 @dataclass

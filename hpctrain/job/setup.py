@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import torch
 from mpi4py import MPI
 
-from hpctrain import gpu_settings, kernels
+from hpctrain import kernels
+from hpctrain.job import gpu_settings
 from hpctrain.api import bind_device
 from hpctrain.config.plugins import plugin_options
 from hpctrain.config.values import matching_options
@@ -32,7 +33,7 @@ from hpctrain.optim import make_criterion, optimizer_from_config, schedule_from_
 from hpctrain.optim.loss_scale import LossScaler
 from hpctrain.optim.recipe import apply_recipe
 from hpctrain.optim.schedules import describe_lr
-from hpctrain.testhooks import device_batches_forced
+from hpctrain.ops.testhooks import device_batches_forced
 from hpctrain.topology import Topology
 from hpctrain.trainer import DistributedTrainer, compute_unsupported
 
@@ -135,7 +136,7 @@ def checkpointer(cfg: Config, comm: MPI.Comm, loader: ShardLoader, timer: Timer,
 def raw_batches(device: torch.device) -> bool:
     """Whether the loader hands over raw batches that the job normalises (and augments) on
     ``device`` after the copy: on a GPU, so a uint8 batch crosses PCIe at a quarter of float32's
-    bytes and the GPU does the arithmetic; on the CPU only when the tests ask (:mod:`hpctrain.testhooks`)
+    bytes and the GPU does the arithmetic; on the CPU only when the tests ask (:mod:`hpctrain.ops.testhooks`)
     (the same batches either way; the loader's thread does it, overlapped with the step)."""
     return device.type != "cpu" or device_batches_forced()
 

@@ -8,5 +8,5 @@ SIGTERM/SIGUSR1), ``watchdog`` (name the stalled rank, end a stalled job), ``run
 job per run directory, run identity), ``rundir`` (the job's run directory from start to end),
 ``runstate`` (``state.json``, ``hpctrain status``), ``metrics`` (step timers, JSONL),
 ``timeline`` (Chrome trace), ``report`` (``python -m hpctrain report``). The test hooks
-(fault injection) are :mod:`hpctrain.testhooks`.
+(fault injection) are :mod:`hpctrain.ops.testhooks`.
 """

@@ -9,7 +9,7 @@ rank's RNG state (torch, NumPy, Python; gathered to rank 0), the config and the 
 signature. ``torch.save`` rather than HDF5 because optimiser state is a nested dict of tensors
 and numbers; rank 0 alone writes, since parameters are identical on every rank after a step.
 
-Atomicity (the POSIX rename idiom, :mod:`hpctrain.fileio`): write ``.ckpt-….pt.tmp-PID``, fsync,
+Atomicity (the POSIX rename idiom, :mod:`hpctrain.ops.fileio`): write ``.ckpt-….pt.tmp-PID``, fsync,
 rename over the final name, fsync the directory — a job killed mid-write leaves only a stray
 temporary file; the previous checkpoints are untouched and still verify. The ``keep`` holding
 the newest work are kept (:mod:`~hpctrain.ops.ckptdir`: ordered by leg and samples seen, not by

@@ -2,7 +2,7 @@
 
 The header holds the format version, SHA-256 and length of the payload and what orders and
 identifies the checkpoint without reading the payload: step, epoch, world size, run id, leg and
-samples seen (:mod:`hpctrain.ops.ckptdir`). Written atomically (:func:`hpctrain.fileio.atomic_open`):
+samples seen (:mod:`hpctrain.ops.ckptdir`). Written atomically (:func:`hpctrain.ops.fileio.atomic_open`):
 a job killed mid-write leaves only a stray temporary file.
 """
 from __future__ import annotations
@@ -14,8 +14,8 @@ import json
 import torch
 
 from hpctrain.errors import UserError
-from hpctrain.fileio import atomic_open
-from hpctrain.testhooks import maybe_kill
+from hpctrain.ops.fileio import atomic_open
+from hpctrain.ops.testhooks import maybe_kill
 
 FORMAT_VERSION = 1
 MAGIC = b"HPCTRAIN-CHECKPOINT\n"

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from hpctrain.errors import UserError
-from hpctrain.fileio import atomic_write_text
+from hpctrain.ops.fileio import atomic_write_text
 
 if TYPE_CHECKING:                      # no MPI_Init for `hpctrain status`, which reads the lock
     from mpi4py import MPI

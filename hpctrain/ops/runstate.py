@@ -18,7 +18,7 @@ import os
 import time
 from collections.abc import Callable
 
-from hpctrain.fileio import atomic_write_text
+from hpctrain.ops.fileio import atomic_write_text
 from hpctrain.ops.runlock import RunLock
 
 STATE_NAME = "state.json"

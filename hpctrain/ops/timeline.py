@@ -20,7 +20,7 @@ from array import array
 
 from mpi4py import MPI
 
-from hpctrain.fileio import atomic_open
+from hpctrain.ops.fileio import atomic_open
 
 DEFAULT_MAX_EVENTS = 200_000
 
@@ -78,7 +78,7 @@ def chrome_events(packed: tuple) -> list[dict]:
 
 
 def write_trace(path: str, per_rank: list[tuple], other: dict | None = None) -> int:
-    """Write the merged trace atomically (:mod:`hpctrain.fileio`); returns the event count."""
+    """Write the merged trace atomically (:mod:`hpctrain.ops.fileio`); returns the event count."""
     n = 0
     with atomic_open(path) as fh:
         fh.write('{"displayTimeUnit": "ms", "otherData": ' + json.dumps(other or {}) + ', "traceEvents": [\n')

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from hpctrain.ops.metrics import NULL_TIMER, Timer
-from hpctrain.registry import Registry
+from hpctrain.config.registries import Registry
 from hpctrain.update.guard import NonFiniteGuard, sync_comm
 
 # ``update.algorithm``: each algorithm's module registers its class (ssgd first: the default).

@@ -16,7 +16,7 @@ import pytest
 
 from hpctrain.tools.cluster import netns
 from hpctrain.tools.cluster.spec import ClusterSpec, tbf_params
-from hpctrain.testhooks import CLUSTER_INJECT_FAULT
+from hpctrain.ops.testhooks import CLUSTER_INJECT_FAULT
 from tests.integration.mpirun import mpirun
 
 _TAG = os.getpid() % 100000

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from hpctrain.testhooks import TEST_DEVICE_BATCHES
+from hpctrain.ops.testhooks import TEST_DEVICE_BATCHES
 from tests.integration.mpirun import mpirun
 
 ARGS = ["--no-progress", "--epochs", "4", "--set", "data.augment=true", "--set", "data.augment_flip=false",

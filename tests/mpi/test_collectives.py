@@ -126,7 +126,7 @@ def test_buffers_broadcast_in_one_bcast_whatever_their_dtypes(monkeypatch):
 @pytest.mark.mpi
 def test_channels_last_model_broadcasts_and_trains_like_a_contiguous_one(closer):
     """train.channels_last: the weights' strides differ, the broadcast and a step do not."""
-    from hpctrain import gpu_settings
+    from hpctrain.job import gpu_settings
     from hpctrain.topology import Topology
     from hpctrain.trainer import DistributedTrainer
     comm = MPI.COMM_WORLD

@@ -23,7 +23,7 @@ import torch
 from mpi4py import MPI
 
 from hpctrain import comm as comm_lib
-from hpctrain import testhooks
+from hpctrain.ops import testhooks
 from hpctrain.comm import ring, staging
 from hpctrain.comm.compression import FP16Compression
 from hpctrain.topology import Topology

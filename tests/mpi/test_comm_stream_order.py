@@ -21,7 +21,7 @@ import torch
 from mpi4py import MPI
 
 from hpctrain import comm as comm_lib
-from hpctrain import testhooks
+from hpctrain.ops import testhooks
 from hpctrain.comm import cuda_mpi, ring, staging, streams
 from hpctrain.comm.window import SharedWindow
 from hpctrain.topology import Topology

@@ -21,7 +21,7 @@ from mpi4py import MPI
 
 from hpctrain import comm as comm_lib
 from hpctrain.api import bind_device
-from hpctrain import testhooks
+from hpctrain.ops import testhooks
 from hpctrain.comm import cuda_mpi, staging
 from hpctrain.topology import Topology
 from tests.gpu_expect import direct_route_text

@@ -10,7 +10,7 @@ import torch
 from mpi4py import MPI
 from torch import nn
 
-from hpctrain.polish import bn_layers, recompute_bn_stats
+from hpctrain.models.polish import bn_layers, recompute_bn_stats
 
 torch.set_num_threads(1)
 

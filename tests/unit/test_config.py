@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from hpctrain.cli import config_from_args
-from hpctrain.registry import Registry
+from hpctrain.config.registries import Registry
 from hpctrain.job.config import Config, ConfigError, load_toml, sections, set_value, validate
 from hpctrain.config import LOSS_SCALE, Range, registry
 from hpctrain.config.plugins import option_schema

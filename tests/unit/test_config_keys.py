@@ -179,7 +179,7 @@ def test_optimiser_adapter_passes_each_field(monkeypatch):
 
 def test_recompute_bn_stats_is_exported_under_one_name():
     import hpctrain
-    from hpctrain.polish import recompute_bn_stats
+    from hpctrain.models.polish import recompute_bn_stats
     assert hpctrain.recompute_bn_stats is recompute_bn_stats and "recompute_bn_stats" in hpctrain.__all__
     assert "polish_bn" not in hpctrain.__all__ and not hasattr(hpctrain, "polish_bn")   # the old alias: gone
 

@@ -8,7 +8,8 @@ import types
 import pytest
 import torch
 
-from hpctrain import api, gpu_bind
+from hpctrain import api
+from hpctrain.ops import gpu_bind
 
 
 @pytest.mark.parametrize("env,want", [
@@ -56,7 +57,7 @@ def test_bind_device_ignores_the_emulated_layout(monkeypatch):
 
 def test_cli_binds_before_mpi_is_initialised(tmp_path):
     """The CLI asks for the device before mpi4py.MPI is imported (MPI_Init)."""
-    code = ("import sys; from hpctrain import gpu_bind\n"
+    code = ("import sys; from hpctrain.ops import gpu_bind\n"
             "seen = []\n"
             "def bind(want):\n"
             "    seen.append((want, 'mpi4py.MPI' in sys.modules))\n"

@@ -3,7 +3,7 @@ import types
 
 import torch
 
-from hpctrain import gpu_settings
+from hpctrain.job import gpu_settings
 from hpctrain.comm import staging
 from hpctrain.job.config import Config
 

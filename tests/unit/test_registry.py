@@ -1,4 +1,4 @@
-"""The plugin seam (hpctrain/registry.py): registration sets the name, a clash or an unknown name
+"""The plugin seam (hpctrain/config/registries.py): registration sets the name, a clash or an unknown name
 is one line naming the key and the choices, and ``module:name`` imports a plugin file."""
 import sys
 
@@ -6,7 +6,7 @@ import pytest
 
 from hpctrain.cli import config_from_args
 from hpctrain.job.config import ConfigError, validate
-from hpctrain.registry import Registry
+from hpctrain.config.registries import Registry
 
 
 def test_register_names_the_plugin_and_keeps_order():

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from hpctrain.tools.cluster.spec import ClusterSpec, agent_script, bridge_commands, node_commands
-from hpctrain.testhooks import CLUSTER_INJECT_FAULT, cluster_fault
+from hpctrain.ops.testhooks import CLUSTER_INJECT_FAULT, cluster_fault
 
 __all__ = ["ClusterError", "state_dir", "load_spec", "require_root", "check_tools", "probe",
            "probe_qdisc", "bring_up", "tear_down", "link_counters", "node_processes"]
@@ -133,7 +133,7 @@ def signals_raise(make_exc=_interrupted):
 
 
 def _inject_fault(node: int) -> None:
-    """The test hook after node ``node`` is built (:func:`hpctrain.testhooks.cluster_fault`)."""
+    """The test hook after node ``node`` is built (:func:`hpctrain.ops.testhooks.cluster_fault`)."""
     kind = cluster_fault(node)
     if kind == "fail":
         raise ClusterError(f"injected fault after node {node} ({CLUSTER_INJECT_FAULT})")
