@@ -106,11 +106,15 @@ def early_look(argv: list[str]) -> dict[str, str] | None:
                 doc = tomllib.load(fh)
             for key in EARLY_KEYS:
                 section, _, name = key.partition(".")
-                value = doc.get(section, {}).get(name)
-                values[key] = value if isinstance(value, str) else values[key]
+                value = doc.get(section, {}).get(name, values[key])
+                if not isinstance(value, str):
+                    return None     # the schema refuses it later, with the field's name
+                values[key] = value
         for item in args.overrides:
             key, sep, value = item.partition("=")
-            if sep and key.strip() in EARLY_KEYS:
+            if not sep:
+                return None         # not key=value: refused later, with the item
+            if key.strip() in EARLY_KEYS:
                 values[key.strip()] = value.strip()
         for key in EARLY_KEYS:
             flag = getattr(args, key.replace(".", "__"), None)

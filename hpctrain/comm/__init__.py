@@ -30,7 +30,8 @@ fp16          bandwidth-bound networks: half the bytes on the wire, pre-divided 
 ============  ==============================================================================
 
 ``create(name, params, topology, *, bucket_bytes, compression="none", overlap=False)``; the
-training loop calls ``sync.allreduce_grads() -> found_inf`` or ``sync.begin()`` / ``sync.finish()``.
+training loop calls ``grad_sync.allreduce_grads() -> found_inf`` or ``grad_sync.begin()`` /
+``grad_sync.finish()``.
 """
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ class NodeReader:
         self.local_rank, self.local_size = node_comm.Get_rank(), node_comm.Get_size()
         self.ranks = node_comm.allgather(loader.rank)       # world rank of each local rank
         # the reader checked the shards' SHA-256 (same files): the others' sets need not hash them
-        # again when read outside the window (job.py's model check reads two samples)
+        # again when read outside the window (the job's model check, hpctrain.job.setup, reads two samples)
         verified = node_comm.bcast(sorted(loader.shards.checks.verified) if self.local_rank == 0 else None, root=0)
         if self.local_rank:
             loader.shards.mark_verified(verified)

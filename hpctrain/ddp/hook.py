@@ -81,7 +81,7 @@ class HookState:
         except BaseException:
             self._free_topology()
             raise
-        self._syncs: dict[tuple, comm_lib.GradSync] = {}    # (index, numel, dtype, device type)
+        self._grad_syncs: dict[tuple, comm_lib.GradSync] = {}    # (index, numel, dtype, device type)
         self._inflight: list[tuple[comm_lib.GradSync, torch.futures.Future]] = []
         self._used: set[tuple] = set()
         self._polls = [p.register_post_accumulate_grad_hook(self._poll) for p in params]
@@ -122,7 +122,7 @@ class HookState:
 
     # --- the hook's work ---------------------------------------------------------------------
     def _sync_for(self, key: tuple, buffer: torch.Tensor) -> comm_lib.GradSync:
-        sync = self._syncs.get(key)
+        sync = self._grad_syncs.get(key)
         if sync is None:
             if buffer.dtype in UNSUMMABLE:
                 raise HookStateError(f"hpctrain.ddp: DDP bucket {key[0]} is {buffer.dtype}: the hook "
@@ -132,9 +132,9 @@ class HookState:
                                           .expand(buffer.numel()))
             sync = comm_lib.create(self.strategy, [stand_in], self.topo, compression=self.compression,
                                    overlap=True, tune=self.tune)
-            if not self._syncs and self.topo.rank == 0 and not self.quiet:
+            if not self._grad_syncs and self.topo.rank == 0 and not self.quiet:
                 sys.stderr.write(f"hpctrain.ddp: DDP buckets reduced by {sync.describe().split(', overlap=')[0]}\n")
-            self._syncs[key] = sync
+            self._grad_syncs[key] = sync
         return sync
 
     def reduce(self, bucket) -> torch.futures.Future:
@@ -171,8 +171,8 @@ class HookState:
         for sync, fut in inflight:
             sync.finish(scatter=False, check=False)     # DDP has no use for the overflow flag
             fut.set_result(sync.buckets[0].result)
-        for key in [k for k in self._syncs if k not in self._used]:
-            self._syncs.pop(key).close()
+        for key in [k for k in self._grad_syncs if k not in self._used]:
+            self._grad_syncs.pop(key).close()
         self._used.clear()
         self.steps += 1
 
@@ -181,7 +181,7 @@ class HookState:
         return "\n".join(f"bucket {k[0]}: {k[1] * s.buckets[0].bufs[0].element_size() / 2**20:.1f} MiB "
                          f"{str(k[2]).replace('torch.', '')}, {s.describe().split(', overlap=')[0]}, "
                          f"{', '.join(s._methods())}"
-                         for k, s in self._syncs.items())
+                         for k, s in self._grad_syncs.items())
 
     def close(self) -> None:
         """Free every sync and, where the state built it, the topology (collective)."""
@@ -193,9 +193,9 @@ class HookState:
         for sync, _fut in self._inflight:        # an iteration cut short: finish it everywhere
             sync.finish(scatter=False)
         self._inflight = []
-        for sync in self._syncs.values():
+        for sync in self._grad_syncs.values():
             sync.close()
-        self._syncs.clear()
+        self._grad_syncs.clear()
         self._free_topology()
         pg.untrack(self)
         self.closed = True

@@ -52,7 +52,7 @@ from hpctrain.optim.schedules import WARMUPS
 from hpctrain.trainer import AUTOCAST_DTYPES
 from hpctrain.update import ALGORITHMS
 
-__all__ = ["Config", "ConfigError", "sections", "help_text", "set_value", "load_toml", "check_field", "validate",
+__all__ = ["Config", "ConfigError", "sections", "help_text", "set_value", "load_toml", "validate",
            "DataConfig", "ModelConfig", "TrainConfig", "OptimConfig", "CommConfig", "UpdateConfig", "PrecisionConfig",
            "PolishConfig", "CheckpointConfig", "RunConfig"]
 
@@ -297,16 +297,6 @@ def load_toml(cfg: Config, path: str) -> None:
                     set_value(cfg, f"{section}.{key}.{option}", v)
             else:
                 set_value(cfg, f"{section}.{key}", value)
-
-
-def check_field(section: str, key: str, value) -> None:
-    """Check one value against field ``section.key``'s range or choices, as :func:`validate`
-    does: for a constructor given the value in code (the library API), so the rule is written
-    once, here."""
-    f = next(f for f in dataclasses.fields(getattr(Config(), section)) if f.name == key)
-    problem = field_problem(f, value)
-    if problem:
-        raise ConfigError(f"config {section}.{key}: {problem}")
 
 
 def dir_problem(path: str) -> str | None:

@@ -23,16 +23,16 @@ from hpctrain.config.plugins import plugin_options
 from hpctrain.config.values import matching_options
 from hpctrain.data import ShardLoader, ShardSet, eval_batches, open_split, read_index, train_loader
 from hpctrain.data_tools.builtin import resolve_dataset
-from hpctrain.errors import ConfigError, UserError
+from hpctrain.errors import ConfigError, UserError, config_errors
 from hpctrain.job.config import Config
 from hpctrain.models import BUILTIN, ModelError, build_model, check_model_output
 from hpctrain.ops.agree import agree, check_consistency, software_versions
 from hpctrain.ops.checkpoint import Checkpointer
 from hpctrain.ops.metrics import StepTimer, Timer, clock_for
-from hpctrain.optim import make_criterion, optimizer_from_config, schedule_from_config
+from hpctrain.optim import make_criterion, make_optimizer
 from hpctrain.optim.loss_scale import LossScaler
 from hpctrain.optim.recipe import apply_recipe
-from hpctrain.optim.schedules import describe_lr
+from hpctrain.optim.schedules import ScheduleSpec, describe_lr, spec_from_config
 from hpctrain.ops.testhooks import device_batches_forced
 from hpctrain.topology import Topology
 from hpctrain.trainer import DistributedTrainer, compute_unsupported
@@ -113,7 +113,36 @@ def trainer_keywords(cfg: Config) -> dict:
                 tune=c.tune, comm_delay_ms=c.delay_ms, compression_options=plugin_options(c, c.compression),
                 algorithm=u.algorithm, algorithm_options=plugin_options(u, u.algorithm),
                 loss_fn=make_criterion(cfg.optim.label_smoothing), compute=cfg.precision.compute,
-                scaler=LossScaler.from_config(cfg.precision))
+                scaler=loss_scaler(cfg.precision))
+
+
+def loss_scaler(p) -> LossScaler | None:
+    """The scaler of a ``[precision]`` section: ``loss_scale`` none (no scaler), dynamic, or a
+    fixed number (never grows, never backs off below itself)."""
+    if p.loss_scale == "none":
+        return None
+    if p.loss_scale == "dynamic":
+        return LossScaler(init_scale=p.init_scale, growth_interval=p.growth_interval)
+    value = float(p.loss_scale)
+    return LossScaler(init_scale=value, growth_interval=2**62, min_scale=value, max_scale=value)
+
+
+def build_optimizer(params_or_model, o) -> torch.optim.Optimizer:
+    """:func:`~hpctrain.optim.make_optimizer` from an ``[optim]`` section: its shared fields named
+    as the keywords, the chosen optimiser's own options from its sub-table ``[optim.<name>]`` over
+    the factory's defaults; a value it refuses is a ConfigError."""
+    with config_errors():
+        return make_optimizer(params_or_model, **matching_options(make_optimizer, o), **plugin_options(o, o.name))
+
+
+def build_schedule(o, *, global_batch: int, steps_per_epoch: int, epochs: int) -> ScheduleSpec:
+    """:func:`~hpctrain.optim.spec_from_config` from an ``[optim]`` section and the run's shape;
+    a value it refuses (warm-up longer than the run) is a ConfigError."""
+    with config_errors():
+        return spec_from_config(**matching_options(
+            spec_from_config, o, global_batch=global_batch, steps_per_epoch=steps_per_epoch, epochs=epochs,
+            kind=o.schedule, optimizer=o.name,
+            hold_epochs=None if o.hybrid_hold_epochs < 0 else o.hybrid_hold_epochs))
 
 
 def loader_keywords(cfg: Config, ranks: int, raw: bool = False) -> dict:
@@ -201,7 +230,7 @@ def _model_and_optimizer(cfg: Config, index, loader, device: torch.device):
     sample = next(iter(eval_batches(loader.shards, rank=0, size=1, batch_size=2)))[0].to(device)
     check_model_output(model, sample, index.num_classes, m.name)
     optim, recipe_line = apply_recipe(cfg.optim, cfg.train.batch_size, model, cfg.train.epochs)  # recipe "auto"
-    optimizer = optimizer_from_config(model, optim)
-    schedule = schedule_from_config(optim, global_batch=cfg.train.batch_size, steps_per_epoch=loader.steps,
+    optimizer = build_optimizer(model, optim)
+    schedule = build_schedule(optim, global_batch=cfg.train.batch_size, steps_per_epoch=loader.steps,
                                     epochs=cfg.train.epochs)
     return model, optimizer, schedule, optim, recipe_line

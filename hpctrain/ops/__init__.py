@@ -7,6 +7,7 @@ raises the same set-up error; start-up consistency check), ``signals`` (stop tog
 SIGTERM/SIGUSR1), ``watchdog`` (name the stalled rank, end a stalled job), ``runlock`` (one
 job per run directory, run identity), ``rundir`` (the job's run directory from start to end),
 ``runstate`` (``state.json``, ``hpctrain status``), ``metrics`` (step timers, JSONL),
-``timeline`` (Chrome trace), ``report`` (``python -m hpctrain report``). The test hooks
-(fault injection) are :mod:`hpctrain.ops.testhooks`.
+``timeline`` (Chrome trace), ``report`` (``python -m hpctrain report``), ``fileio`` (atomic
+writes), ``gpu_bind`` (a rank's GPU, chosen before MPI starts). The test hooks (fault injection)
+are :mod:`hpctrain.ops.testhooks`.
 """

@@ -24,9 +24,6 @@ import inspect
 
 import torch
 
-from hpctrain.config.plugins import plugin_options
-from hpctrain.config.values import matching_options
-from hpctrain.errors import config_errors
 
 # the built-in optimisers, registered in this order: the order errors and --help list them in
 from .sgd import split_1d
@@ -41,16 +38,13 @@ __all__ = ["LARS", "LAMB", "trust_ratio", "resolve_norms_fn", "LossScaler", "nex
            "grads_have_inf", "unscale_and_check_", "ScheduleSpec", "lr_at",
            "linear_scaled_lr", "mlperf_lars_base_lr", "mlperf_lars_warmup_epochs",
            "spec_from_config", "make_optimizer", "make_criterion", "set_lr", "split_1d",
-           "optimizer_from_config", "schedule_from_config", "OPTIMIZERS"]
+           "OPTIMIZERS"]
 
 
 def _params(params_or_model) -> list[torch.nn.Parameter]:
     if isinstance(params_or_model, torch.nn.Module):
         params_or_model = params_or_model.parameters()
     return [p for p in params_or_model if p.requires_grad]
-
-
-SHARED = ("lr", "momentum", "weight_decay", "nesterov", "exclude_1d", "lr_1d_scale")   # flat in [optim]
 
 
 def _check_keywords(factory, name: str, own_options: dict) -> None:
@@ -61,7 +55,8 @@ def _check_keywords(factory, name: str, own_options: dict) -> None:
              if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
     unknown = [k for k in own_options if k not in named]
     if unknown:
-        own = [k for k in named if k not in SHARED] or ["none"]
+        shared = inspect.signature(make_optimizer).parameters         # flat in [optim]
+        own = [k for k in named if k not in shared] or ["none"]
         raise TypeError(f"make_optimizer: optimiser {name!r} takes no keyword {unknown[0]!r} "
                         f"(its own: {', '.join(own)})")
 
@@ -84,25 +79,6 @@ def make_optimizer(params_or_model, name: str, lr: float, momentum: float = 0.9,
     _check_keywords(factory, name, own_options)
     return factory(_params(params_or_model), lr=lr, momentum=momentum, weight_decay=weight_decay,
                    nesterov=nesterov, exclude_1d=exclude_1d, lr_1d_scale=lr_1d_scale, **own_options)
-
-
-def optimizer_from_config(params_or_model, o) -> torch.optim.Optimizer:
-    """:func:`make_optimizer` from an ``[optim]`` section: its shared fields named as the keywords,
-    the chosen optimiser's own options from its sub-table ``[optim.<name>]`` over the factory's
-    defaults; a value it refuses is a ConfigError."""
-    with config_errors():
-        return make_optimizer(params_or_model, **matching_options(make_optimizer, o),
-                              **plugin_options(o, o.name))
-
-
-def schedule_from_config(o, *, global_batch: int, steps_per_epoch: int, epochs: int) -> ScheduleSpec:
-    """:func:`spec_from_config` from an ``[optim]`` section and the run's shape (global batch,
-    steps per epoch, epochs); a value it refuses (warm-up longer than the run) is a ConfigError."""
-    with config_errors():
-        return spec_from_config(**matching_options(
-            spec_from_config, o, global_batch=global_batch, steps_per_epoch=steps_per_epoch, epochs=epochs,
-            kind=o.schedule, optimizer=o.name,
-            hold_epochs=None if o.hybrid_hold_epochs < 0 else o.hybrid_hold_epochs))
 
 
 def make_criterion(label_smoothing: float = 0.0) -> torch.nn.CrossEntropyLoss:

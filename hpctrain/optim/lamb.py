@@ -39,11 +39,15 @@ from .schedules import mlperf_lars_warmup_epochs
 __all__ = ["LAMB", "build", "recipe_row"]
 
 
+# The one default of each LAMB option, for the class and for the config (build's annotations).
+BETA2, EPS = 0.999, 1e-6
+
+
 class LAMB(Optimizer):
     """LAMB (module docstring). Per-group options: lr, betas, eps, weight_decay, exclude_1d,
     lr_1d_scale. State per parameter: ``step``, ``exp_avg`` (m), ``exp_avg_sq`` (v)."""
 
-    def __init__(self, params, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
+    def __init__(self, params, lr: float, betas: tuple[float, float] = (0.9, BETA2), eps: float = EPS,
                  weight_decay: float = 0.0, exclude_1d: bool = True, lr_1d_scale: float = 1.0):
         b1, b2 = betas
         if lr < 0 or eps < 0 or weight_decay < 0 or lr_1d_scale < 0 or not (0 <= b1 < 1 and 0 <= b2 < 1):
@@ -99,7 +103,7 @@ Eps = Annotated[float, Option("LAMB: epsilon added to sqrt(v_hat)", Range(0, 1))
 
 @OPTIMIZERS.register("lamb")
 def build(params, *, lr: float, momentum: float, weight_decay: float, exclude_1d: bool, lr_1d_scale: float,
-          beta2: Beta2 = 0.999, eps: Eps = 1e-6, **_) -> LAMB:
+          beta2: Beta2 = BETA2, eps: Eps = EPS, **_) -> LAMB:
     """LAMB with beta1 = ``momentum``; its own options checked by the rule the config applies
     (``[optim.lamb]``)."""
     check_options(build, "optim.lamb", locals())

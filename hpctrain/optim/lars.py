@@ -128,18 +128,23 @@ def resolve_update_fn(fused_update: bool | None) -> tuple[Callable | None, str]:
     return kernels.lars_update, "kernels.lars_update for contiguous fp32 CUDA tensors, else torch._foreach"
 
 
+# The one default of each LARS option, for the class and for the config (build's annotations).
+ETA, EPS = 0.001, 1e-9
+
+
 class LARS(Optimizer):
     """Momentum SGD with LARS trust ratios (see module docstring for the exact update).
 
-    Defaults follow the MLPerf ResNet-50 reference: ``eta=0.001``, ``momentum=0.9``,
-    ``eps=0.0`` (its ``lars_epsilon`` flag; safe because zero norms are guarded).
+    Defaults: ``eta=0.001``, ``momentum=0.9`` as the MLPerf ResNet-50 reference; ``eps=1e-9``
+    where the reference's ``lars_epsilon`` is 0 (zero norms are guarded either way; one default for
+    the class, ``make_optimizer`` and the config).
     Per-group options: lr, momentum, weight_decay, nesterov, eta, eps, clip, exclude_1d,
     trust_ratio, lr_1d_scale. State per parameter: ``momentum_buffer`` (zeros-initialised, so the first
     step equals torch SGD's ``clone(d)`` initialisation).
     """
 
     def __init__(self, params, lr: float, momentum: float = 0.9, weight_decay: float = 0.0,
-                 nesterov: bool = False, eta: float = 0.001, eps: float = 0.0,
+                 nesterov: bool = False, eta: float = ETA, eps: float = EPS,
                  clip: bool = False, exclude_1d: bool = True, trust_ratio: bool = True,
                  lr_1d_scale: float = 1.0, norms_fn: NormsFn | None = None, fused_update: bool | None = None):
         if lr < 0 or momentum < 0 or weight_decay < 0 or eta <= 0 or eps < 0 or lr_1d_scale < 0:
@@ -266,7 +271,7 @@ Clip = Annotated[bool, Option("LARC-style clipping of the trust ratio")]
 
 @OPTIMIZERS.register("lars")
 def build(params, *, lr: float, momentum: float, weight_decay: float, nesterov: bool, exclude_1d: bool,
-          lr_1d_scale: float, eta: Eta = 0.001, eps: Eps = 1e-9, clip: Clip = False, **_) -> LARS:
+          lr_1d_scale: float, eta: Eta = ETA, eps: Eps = EPS, clip: Clip = False, **_) -> LARS:
     """LARS; its own options checked by the rule the config applies (``[optim.lars]``)."""
     check_options(build, "optim.lars", locals())
     return LARS(params, lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov, eta=eta,

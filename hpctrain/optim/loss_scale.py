@@ -93,17 +93,6 @@ class LossScaler:
         return (f"LossScaler(scale={self.scale}, good_steps={self.good_steps}, "
                 f"n_skipped={self.n_skipped})")
 
-    @classmethod
-    def from_config(cls, p) -> LossScaler | None:
-        """The scaler of a ``[precision]`` section: ``loss_scale`` none (no scaler), dynamic, or a
-        fixed number (never grows, never backs off below itself)."""
-        if p.loss_scale == "none":
-            return None
-        if p.loss_scale == "dynamic":
-            return cls(init_scale=p.init_scale, growth_interval=p.growth_interval)
-        value = float(p.loss_scale)
-        return cls(init_scale=value, growth_interval=2**62, min_scale=value, max_scale=value)
-
 
 def _grads(params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
     return [p.grad for p in params if p.grad is not None]

@@ -155,10 +155,8 @@ def describe_lr(cfg_optim, global_batch: int) -> str:
     the number is the one :func:`spec_from_config` computes. (With ``optim.recipe = "auto"`` the
     job states the recipe's line instead: :func:`~hpctrain.optim.recipe.apply_recipe`.)
     """
-    lr = getattr(cfg_optim, "lr", None)
-    base_batch = getattr(cfg_optim, "base_batch", 256)
-    scale = getattr(cfg_optim, "scale_lr", True)
-    unset = unset_defaults(getattr(cfg_optim, "name", None), global_batch)
+    lr, base_batch, scale = cfg_optim.lr, cfg_optim.base_batch, cfg_optim.scale_lr
+    unset = unset_defaults(cfg_optim.name, global_batch)
     if lr is None and not unset.scaled:
         return f"lr {unset.lr:g} ({unset.source} for global batch {global_batch}; set optim.lr to choose)"
     given = unset.lr if lr is None else lr

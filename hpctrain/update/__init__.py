@@ -13,9 +13,7 @@ Both derive from :class:`UpdateAlgorithm` (:mod:`hpctrain.update.base`: ``step``
 once). Both stop on non-finite numbers the same way: :class:`NonFiniteError` (a ``UserError``:
 one line, status 2 from the CLI) on every rank at the same step, naming the step and the
 rank(s), unless a loss scaler skipped the step (:mod:`hpctrain.update.guard`).
-
-This package was ``hpctrain.sync``, a name that read like the gradient sync (now ``trainer.grad_sync``,
-a ``GradSync``); the old name is gone (docs/changelog.md). The config table is ``[update]``, after this package.
+The config table is ``[update]``, after this package; the gradient sync is ``trainer.grad_sync``.
 """
 from __future__ import annotations
 

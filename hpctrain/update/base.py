@@ -19,7 +19,7 @@ import torch
 
 from hpctrain.ops.metrics import NULL_TIMER, Timer
 from hpctrain.config.registries import Registry
-from hpctrain.update.guard import NonFiniteGuard, sync_comm
+from hpctrain.update.guard import NonFiniteGuard, grad_sync_comm
 
 # ``update.algorithm``: each algorithm's module registers its class (ssgd first: the default).
 ALGORITHMS: Registry[type[UpdateAlgorithm]] = Registry("update.algorithm", "algorithm", sort_choices=False)
@@ -67,7 +67,7 @@ class UpdateAlgorithm(abc.ABC):
         self.model, self.optimizer, self.grad_sync = model, optimizer, grad_sync
         self.scaler, self.timer = scaler, timer
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.guard = NonFiniteGuard(sync_comm(grad_sync)) if grad_sync is not None else None
+        self.guard = NonFiniteGuard(grad_sync_comm(grad_sync)) if grad_sync is not None else None
         self.steps = 0              # the index of the next step (in NonFiniteError messages)
         self._hooks: list = []      # handles of hooks on the model, removed by close()
 

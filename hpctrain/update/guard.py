@@ -52,7 +52,7 @@ def agreed_overflow(sync_flag, params) -> bool:
     return bool(grads) and not all_finite(grads)
 
 
-def sync_comm(sync) -> MPI.Comm:
+def grad_sync_comm(sync) -> MPI.Comm:
     """The communicator a gradient sync averages over (through wrappers' ``inner``)."""
     while not hasattr(sync, "comm"):
         sync = sync.inner

@@ -18,10 +18,10 @@ import torch
 from hpctrain.optim.loss_scale import all_finite
 from hpctrain.update.base import ALGORITHMS, StepResult, UpdateAlgorithm, unscale_grads_
 # re-exported: where they were defined before hpctrain.update.guard / hpctrain.update.base
-from hpctrain.update.guard import MAX_WIRE_SKIPS, NonFiniteError, NonFiniteGuard, agreed_overflow, sync_comm
+from hpctrain.update.guard import MAX_WIRE_SKIPS, NonFiniteError, NonFiniteGuard, agreed_overflow, grad_sync_comm
 
 __all__ = ["SSGD", "StepResult", "NonFiniteError", "NonFiniteGuard", "MAX_WIRE_SKIPS", "agreed_overflow",
-           "sync_comm", "unscale_grads_"]
+           "grad_sync_comm", "unscale_grads_"]
 
 
 @ALGORITHMS.register("ssgd")

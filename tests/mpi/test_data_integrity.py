@@ -111,7 +111,7 @@ def test_node_readers_verdict_is_shared_with_the_node():
         try:
             assert ld.shards.checks.verified == set(range(2))
             assert (ld.shards.checks.verify_s > 0) == (topo.local_rank == 0)
-            x, _ = ld.shards.read_range(0, 2)                   # as job.py's model check does
+            x, _ = ld.shards.read_range(0, 2)                   # as the job's model check does
             assert x.shape == (2, 1, 8, 8) and (ld.shards.checks.verify_s > 0) == (topo.local_rank == 0)
         finally:
             ld.close()

@@ -33,6 +33,16 @@ def test_unparsable_arguments_and_help_give_none(tmp_path):
     assert early_look(["--no-such-flag"]) is None and early_look(["--help"]) is None
 
 
+def test_values_the_schema_refuses_give_none_not_a_default(tmp_path):
+    """Never a run directory the user did not give: a non-string value or a --set without '='
+    is left to the schema, which names the field."""
+    f = tmp_path / "run.toml"
+    f.write_text("[run]\nrun_dir = 5\n")
+    assert early_look(["--config", str(f)]) is None
+    assert early_look(["--set", "run.run_dir"]) is None
+    assert early_look(["--set", "train.epochs=3"]) == dict(EARLY_KEYS)
+
+
 def test_the_early_look_imports_neither_torch_nor_mpi():
     code = ("import sys; from hpctrain.cli import early_look; early_look(['--set', 'update.algorithm=odsgd']); "
             "print(sorted(m for m in ('torch', 'mpi4py.MPI') if m in sys.modules))")

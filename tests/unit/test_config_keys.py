@@ -158,22 +158,23 @@ def test_loader_keywords_pass_each_field_by_its_name():
 def test_optimiser_adapter_passes_each_field(monkeypatch):
     import functools
 
+    import hpctrain.job.setup as setup_lib
     import hpctrain.optim as optim_lib
     seen = {}
 
     @functools.wraps(optim_lib.make_optimizer)
     def record(params_or_model, name, lr, **kw):
         seen.update(kw, name=name, lr=lr)
-    monkeypatch.setattr(optim_lib, "make_optimizer", record)
+    monkeypatch.setattr(setup_lib, "make_optimizer", record)
     o = from_set(["optim.name=lamb", "optim.lr=0.3", "optim.momentum=0.8", "optim.weight_decay=0.01",
                   "optim.nesterov=true", "optim.exclude_1d=false", "optim.lars.eta=0.002", "optim.lars.eps=1e-8",
                   "optim.lars.clip=true", "optim.lr_1d_scale=0.5", "optim.lamb.beta2=0.99",
                   "optim.lamb.eps=1e-7"]).optim
-    optim_lib.optimizer_from_config([], o)
+    setup_lib.build_optimizer([], o)
     assert seen == dict(name="lamb", lr=0.3, momentum=0.8, weight_decay=0.01, nesterov=True, exclude_1d=False,
                         lr_1d_scale=0.5, beta2=0.99, eps=1e-7)           # the chosen optimiser's own options
     o.name = "lars"
-    optim_lib.optimizer_from_config([], o)
+    setup_lib.build_optimizer([], o)
     assert {k: seen[k] for k in ("name", "eta", "eps", "clip")} == dict(name="lars", eta=0.002, eps=1e-8, clip=True)
 
 

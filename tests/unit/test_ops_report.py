@@ -75,7 +75,7 @@ def test_cli_error_names_the_missing_file(tmp_path, capsys):
 
 
 def test_reads_a_real_run(tmp_path):
-    """The fields job.py writes are the ones the report reads (a 1-rank, 3-step run)."""
+    """The fields the job writes are the ones the report reads (a 1-rank, 3-step run)."""
     import subprocess
     import sys
     r = subprocess.run([sys.executable, "-m", "hpctrain", "--run-dir", str(tmp_path), "--no-progress",

@@ -7,7 +7,8 @@ import torch
 
 from hpctrain.cli import config_from_args
 from hpctrain.job.config import validate
-from hpctrain.optim import LAMB, LARS, make_optimizer, optimizer_from_config
+from hpctrain.job.setup import build_optimizer
+from hpctrain.optim import LAMB, LARS, make_optimizer
 
 
 def model():
@@ -41,7 +42,7 @@ def test_lars_keys_build_the_same_lars(tmp_path):
     direct = LARS(model().parameters(), lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay, eta=0.002,
                   eps=1e-8, clip=True, exclude_1d=True, lr_1d_scale=1.0)
     for cfg in configs:
-        assert hyper(optimizer_from_config(model(), cfg.optim)) == hyper(direct)
+        assert hyper(build_optimizer(model(), cfg.optim)) == hyper(direct)
 
 
 def test_lamb_keys_build_the_same_lamb(tmp_path):
@@ -49,7 +50,7 @@ def test_lamb_keys_build_the_same_lamb(tmp_path):
     assert new == from_toml(tmp_path, '[optim]\nname = "lamb"\n[optim.lamb]\nbeta2 = 0.99\neps = 1e-7\n')
     o = new.optim
     direct = LAMB(model().parameters(), lr=o.lr, betas=(o.momentum, 0.99), eps=1e-7, weight_decay=o.weight_decay)
-    assert hyper(optimizer_from_config(model(), new.optim)) == hyper(direct)
+    assert hyper(build_optimizer(model(), new.optim)) == hyper(direct)
 
 
 @pytest.mark.parametrize("name,direct", [
@@ -60,7 +61,7 @@ def test_defaults_are_the_old_fields_defaults(name, direct):
     """Nothing given: eta 0.001, eps 1e-9, clip off; beta2 0.999, eps 1e-6 (OptimConfig's before)."""
     o = from_set([f"optim.name={name}"]).optim
     assert o.options == {}
-    assert hyper(optimizer_from_config(model(), o)) == hyper(direct(model().parameters(), o))
+    assert hyper(build_optimizer(model(), o)) == hyper(direct(model().parameters(), o))
 
 
 def test_make_optimizer_keywords_still_work():
@@ -88,5 +89,5 @@ def test_make_optimizer_has_the_configs_defaults(name):
     """One default per option: make_optimizer and a config-built optimiser agree (LARS eps 1e-9,
     LAMB eps 1e-6; make_optimizer's LARS once defaulted to eps 0)."""
     o = from_set([f"optim.name={name}", "optim.lr=0.5", "optim.momentum=0.9", "optim.weight_decay=0"]).optim
-    assert hyper(make_optimizer(model(), name, lr=0.5)) == hyper(optimizer_from_config(model(), o))
+    assert hyper(make_optimizer(model(), name, lr=0.5)) == hyper(build_optimizer(model(), o))
     assert make_optimizer(model(), name, lr=0.5).param_groups[0]["eps"] == {"lars": 1e-9, "lamb": 1e-6}[name]

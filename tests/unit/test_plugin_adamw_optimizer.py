@@ -6,7 +6,7 @@ import torch
 
 from hpctrain.cli import config_from_args
 from hpctrain.job.config import validate
-from hpctrain.optim import optimizer_from_config
+from hpctrain.job.setup import build_optimizer
 
 pytestmark = pytest.mark.usefixtures("plugin_sandbox")   # registrations undone after each test
 NAME = "examples.plugins.adamw_optimizer:adamw"
@@ -19,7 +19,7 @@ def test_selected_from_config_and_first_step_is_adamw():
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2).double()
     before = [p.detach().clone() for p in model.parameters()]
-    opt = optimizer_from_config(model, cfg.optim)
+    opt = build_optimizer(model, cfg.optim)
     assert type(opt) is torch.optim.AdamW and opt.defaults["betas"] == (0.9, 0.999)
     model(torch.randn(3, 4, dtype=torch.float64)).pow(2).sum().backward()
     grads = [p.grad.clone() for p in model.parameters()]

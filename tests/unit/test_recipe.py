@@ -93,17 +93,18 @@ def test_recipe_none_changes_nothing():
     assert describe_lr(o, 4096).startswith("lr 64 = 4 x 4096/256")
 
 
-def test_recipe_then_optimiser_and_schedule_from_config():
+def test_recipe_then_optimiser_and_build_schedule():
     """What the job builds from apply_recipe's section: LARS with the recipe's eta and 1-D scale, a
     poly schedule peaking at the recipe's lr after its warm-up; the config records those values."""
     from hpctrain.job.config import Config
-    from hpctrain.optim import LARS, lr_at, optimizer_from_config, schedule_from_config
+    from hpctrain.job.setup import build_optimizer, build_schedule
+    from hpctrain.optim import LARS, lr_at
     model = SignalCNN()
     cfg = Config(optim=OptimConfig(name="lars", recipe="auto"))
     o, _ = apply_recipe(cfg.optim, 2048, model)
-    opt = optimizer_from_config(model, o)
+    opt = build_optimizer(model, o)
     assert isinstance(opt, LARS) and opt.param_groups[0]["eta"] == 0.005 and opt.param_groups[0]["lr_1d_scale"] == 0.01
-    spec = schedule_from_config(o, global_batch=2048, steps_per_epoch=8, epochs=30)
+    spec = build_schedule(o, global_batch=2048, steps_per_epoch=8, epochs=30)
     assert (spec.peak_lr, spec.warmup_steps, spec.kind) == (10.0, 40, "poly")
     assert lr_at(40, spec) == pytest.approx(10.0) and lr_at(20, spec) == pytest.approx(5.0)
     recorded = dataclasses.replace(cfg, optim=o).to_dict()["optim"]       # what job.run writes as its config

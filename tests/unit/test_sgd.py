@@ -10,7 +10,8 @@ from hpctrain.cli import config_from_args
 from hpctrain.job.config import OptimConfig, validate
 from hpctrain.errors import ConfigError
 from hpctrain.models.small import SignalCNN, SmallCNN
-from hpctrain.optim import make_optimizer, optimizer_from_config, schedule_from_config, spec_from_config
+from hpctrain.job.setup import build_optimizer, build_schedule
+from hpctrain.optim import make_optimizer, spec_from_config
 from hpctrain.optim.recipe import apply_recipe
 
 
@@ -24,7 +25,7 @@ def test_chosen_from_the_config_its_steps_are_momentum_sgd_by_hand():
     o = from_set("optim.name=sgd", "optim.lr=0.2", "optim.momentum=0.8", "optim.weight_decay=0.01").optim
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2).double()
-    opt = optimizer_from_config(model, o)
+    opt = build_optimizer(model, o)
     w, b = (p.detach().clone() for p in model.parameters())
     vw = vb = None
     for _ in range(2):
@@ -54,7 +55,7 @@ def test_recipe_row_is_goyals_with_or_without_normalisation(batch):
     for model in (SmallCNN(), SignalCNN()):
         o, line = apply_recipe(OptimConfig(name="sgd", recipe="auto"), batch, model)
         assert line == want
-        spec = schedule_from_config(o, global_batch=batch, steps_per_epoch=10, epochs=90)
+        spec = build_schedule(o, global_batch=batch, steps_per_epoch=10, epochs=90)
         assert (spec.peak_lr, spec.warmup_steps, spec.kind, o.lr_1d_scale) == (pytest.approx(peak), 50, "cosine", 1.0)
 
 
