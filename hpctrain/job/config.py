@@ -46,7 +46,7 @@ from hpctrain.data.shards import VERIFY_MODES
 from hpctrain.errors import ConfigError
 from hpctrain.ops.collapse import ON_COLLAPSE
 from hpctrain.optim import OPTIMIZERS
-from hpctrain.optim.recipe import RECIPES
+from hpctrain.optim.recipe import RECIPES, row_problem
 from hpctrain.optim.schedules import KINDS as SCHEDULE_KINDS
 from hpctrain.optim.schedules import WARMUPS
 from hpctrain.trainer import AUTOCAST_DTYPES
@@ -343,6 +343,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         ("train.threads", lambda: threads_problem(cfg.train.threads)),
         ("run.run_dir", lambda: dir_problem(cfg.run.run_dir)),
         ("ckpt.dir", lambda: cfg.ckpt.dir and dir_problem(cfg.ckpt.dir)),
+        ("optim.recipe", lambda: cfg.optim.recipe == "auto" and row_problem(cfg.optim.name)),
     ]
     for key, problem_of in checks:
         problem = problem_of()

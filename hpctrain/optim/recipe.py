@@ -29,7 +29,7 @@ from hpctrain.errors import ConfigError
 
 from .registry import registered_name
 
-__all__ = ["RECIPES", "Recipe", "RECIPE_ROWS", "recipe_for", "normalises", "apply_recipe"]
+__all__ = ["RECIPES", "Recipe", "RECIPE_ROWS", "recipe_for", "row_problem", "normalises", "apply_recipe"]
 
 RECIPES = ("none", "auto")
 S = TypeVar("S")                    # the [optim] section (a dataclass): apply_recipe returns one of its type
@@ -67,12 +67,20 @@ def recipe_for(optimizer: str, global_batch: int, normalised: bool) -> Recipe:
     ``global_batch``; a ValueError where the name is unknown or registers no row."""
     if global_batch <= 0:
         raise ValueError(f"optim.recipe: global batch must be > 0, got {global_batch}")
+    problem = row_problem(optimizer)
+    if problem:
+        raise ValueError(f"optim.recipe: {problem}")
+    return RECIPE_ROWS[registered_name(optimizer)](global_batch, normalised)
+
+
+def row_problem(optimizer: str) -> str | None:
+    """Why ``optim.recipe = "auto"`` cannot serve ``optimizer`` (it registers no row), or None:
+    the config's check, before any data is converted or a model built."""
     name = registered_name(optimizer)              # an unknown optimiser: one line naming the choices
-    if name not in RECIPE_ROWS:
-        raise ValueError(f"optim.recipe: auto has no row for optimiser {optimizer!r} (rows: "
-                         f"{', '.join(RECIPE_ROWS)}); set optim.recipe = \"none\" and give its lr, warm-up "
-                         f"and schedule")
-    return RECIPE_ROWS[name](global_batch, normalised)
+    if name in RECIPE_ROWS:
+        return None
+    return (f"auto has no row for optimiser {optimizer!r} (rows: {', '.join(RECIPE_ROWS)}); set "
+            f"optim.recipe = \"none\" and give its lr, warm-up and schedule")
 
 
 def _value(o, key: str):

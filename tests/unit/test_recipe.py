@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from hpctrain.job.config import OptimConfig
+from hpctrain.job.config import Config, OptimConfig, validate
 from hpctrain.errors import ConfigError
 from hpctrain.models.resnet import resnet20
 from hpctrain.models.small import MLP, SignalCNN, SmallCNN
@@ -96,7 +96,6 @@ def test_recipe_none_changes_nothing():
 def test_recipe_then_optimiser_and_build_schedule():
     """What the job builds from apply_recipe's section: LARS with the recipe's eta and 1-D scale, a
     poly schedule peaking at the recipe's lr after its warm-up; the config records those values."""
-    from hpctrain.job.config import Config
     from hpctrain.job.setup import build_optimizer, build_schedule
     from hpctrain.optim import LARS, lr_at
     model = SignalCNN()
@@ -131,6 +130,12 @@ def test_an_optimiser_without_a_row_is_one_config_line_and_one_with_a_row_gets_i
                                           r"optim\.recipe = \"none\""):
         apply_recipe(OptimConfig(name=name, recipe="auto"), 1024, SignalCNN())
     assert apply_recipe(OptimConfig(name=name), 1024, SignalCNN())[1] == ""
+    cfg = Config()
+    cfg.optim = OptimConfig(name=name, recipe="auto")
+    with pytest.raises(ConfigError, match=r"^config optim\.recipe: auto has no row"):
+        validate(cfg)                      # at start-up: before data is converted or a model built
+    cfg.optim.recipe = "none"
+    validate(cfg)
     row = lambda batch, normalised: Recipe(lr=1e-3 * batch / 1024, warmup_epochs=2.0, schedule="cosine",  # noqa: E731
                                            options={"eps": 1e-8}, why=f"mine at {batch}")
     monkeypatch.setitem(RECIPE_ROWS, "adamw", row)
