@@ -343,7 +343,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         ("train.threads", lambda: threads_problem(cfg.train.threads)),
         ("run.run_dir", lambda: dir_problem(cfg.run.run_dir)),
         ("ckpt.dir", lambda: cfg.ckpt.dir and dir_problem(cfg.ckpt.dir)),
-        ("optim.recipe", lambda: cfg.optim.recipe == "auto" and row_problem(cfg.optim.name)),
+        ("optim.recipe", lambda: row_problem(cfg.optim.name) if cfg.optim.recipe == "auto" else None),
     ]
     for key, problem_of in checks:
         problem = problem_of()
