@@ -138,12 +138,12 @@ def test_hook_equals_ddp_allreduce_and_one_process(pg, closer, strategy, ddp_kwa
                             **ddp_kwargs)
     theirs, _ = train_ddp(copy.deepcopy(start), batches, rank, closer, **ddp_kwargs)
     single = train_one_process(copy.deepcopy(start), batches)
-    assert state.steps == STEPS and len(state._syncs) == 2      # the hook ran, on both buckets
+    assert state.steps == STEPS and len(state._grad_syncs) == 2      # the hook ran, on both buckets
     scale = max_change(single, start)
     assert max_diff(ours, theirs) <= 1e-5 * scale + 1e-7
     assert max_diff(ours, single) <= 1e-5 * scale + 1e-7
     if strategy == "hierarchical" or (strategy == "auto" and pg.local_size > 1):
-        assert all(s.name == "hierarchical" for s in state._syncs.values())
+        assert all(s.name == "hierarchical" for s in state._grad_syncs.values())
 
 
 def emulated_nodes(comm, closer):
@@ -166,7 +166,7 @@ def test_emulated_nodes_and_fp16(pg, closer, strategy, compression):
     single = train_one_process(copy.deepcopy(start), batches)
     assert state.steps == STEPS
     if topo is not None:
-        assert all(s._rings[s.buckets[0].index] is not None for s in state._syncs.values()
+        assert all(s._rings[s.buckets[0].index] is not None for s in state._grad_syncs.values()
                    if topo.local_rank < s._n_slices)              # a level across nodes
     scale, diff = max_change(single, start), max_diff(ours, single)
     if compression == "none":
@@ -217,6 +217,6 @@ def test_staged_buckets_as_on_a_gpu(pg, closer, monkeypatch, compression):
     ours, state = train_ddp(copy.deepcopy(start), batches, rank, closer,
                             hook={"strategy": "flat", "compression": compression})
     single = train_one_process(copy.deepcopy(start), batches)
-    assert all(s.buckets[0].staging is not None for s in state._syncs.values())
+    assert all(s.buckets[0].staging is not None for s in state._grad_syncs.values())
     scale, diff = max_change(single, start), max_diff(ours, single)
     assert diff <= (1e-5 * scale + 1e-7 if compression == "none" else STEPS * (n + 1) * 2.0**-11 * scale)
