@@ -81,13 +81,20 @@ def cpu_cases(n_elems, args):
     return {
         "numpy.copyto": lambda: np.copyto(dst_np, src_np),
         "torch copy_": lambda: dst.copy_(src),
-        f"pack_fp16 x{args.scale:g}": lambda: kernels.pack_fp16(tensors, buf, args.scale),
+        **kernel_cases(tensors, buf, targets, grads, moms, steps, args.scale),
+    }, lambda: None
+
+
+def kernel_cases(tensors, buf, targets, grads, moms, steps, scale: float) -> dict:
+    """The kernels' rows, the same on either backend (the arrays decide which one runs)."""
+    return {
+        f"pack_fp16 x{scale:g}": lambda: kernels.pack_fp16(tensors, buf, scale),
         "pack_fp16 x1": lambda: kernels.pack_fp16(tensors, buf, 1.0),
-        "unpack_fp16": lambda: kernels.unpack_fp16(buf, targets, 1 / args.scale),
-        "unpack_fp16 +=": lambda: kernels.unpack_fp16(buf, targets, 1 / args.scale, True),
+        "unpack_fp16": lambda: kernels.unpack_fp16(buf, targets, 1 / scale),
+        "unpack_fp16 +=": lambda: kernels.unpack_fp16(buf, targets, 1 / scale, True),
         "sq_norms": lambda: kernels.multi_tensor_sq_norms(tensors),
         "lars_update": lambda: kernels.lars_update(tensors, grads, moms, steps, 1e-4, 0.9),
-    }, lambda: None
+    }
 
 
 def cuda_cases(n_elems, args):
@@ -104,12 +111,7 @@ def cuda_cases(n_elems, args):
     steps = cupy.full(len(sizes), 1e-6, dtype=cupy.float32)
     return {
         "cupy.copyto": lambda: cupy.copyto(dst, src),
-        f"pack_fp16 x{args.scale:g}": lambda: kernels.pack_fp16(tensors, buf, args.scale),
-        "pack_fp16 x1": lambda: kernels.pack_fp16(tensors, buf, 1.0),
-        "unpack_fp16": lambda: kernels.unpack_fp16(buf, targets, 1 / args.scale),
-        "unpack_fp16 +=": lambda: kernels.unpack_fp16(buf, targets, 1 / args.scale, True),
-        "sq_norms": lambda: kernels.multi_tensor_sq_norms(tensors),
-        "lars_update": lambda: kernels.lars_update(tensors, grads, moms, steps, 1e-4, 0.9),
+        **kernel_cases(tensors, buf, targets, grads, moms, steps, args.scale),
     }, cupy.cuda.get_current_stream().synchronize
 
 
