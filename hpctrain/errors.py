@@ -34,8 +34,9 @@ class LocalUserError(UserError):
 
 
 class TrainingCollapsed(UserError):
-    """The training loss went back to the chance level and stayed there (:mod:`hpctrain.ops.collapse`):
-    every rank raises it at the same step; exit status 6, ``collapsed`` in ``hpctrain status``."""
+    """The training loss went back to the chance level and stayed there, or never left it by the end
+    of the run (:mod:`hpctrain.ops.collapse`): every rank raises it at the same step; exit status 6,
+    ``collapsed`` in ``hpctrain status``."""
 
     exit_status = 6
     run_state = "collapsed"

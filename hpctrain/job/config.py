@@ -110,9 +110,11 @@ class TrainConfig:
     tf32: bool = opt(False, "GPU: fp32 matmuls in TensorFloat-32 on Ampere and newer (faster, 10-bit mantissa)")
     channels_last: bool = opt(False, "the model in channels-last (NHWC) memory layout (GPU tensor cores)")
     collapse_steps: int = opt(100, "a collapse: the training loss, once at half the chance level ln(classes) or "
-                              "below, back at 0.9 ln(classes) or above for this many steps (0: never checked; "
-                              "docs/operations.md)", range=NON_NEGATIVE)
-    on_collapse: str = opt("stop", "on a collapse: stop (one line, exit status 6) | warn (the line, then go on)",
+                              "below, back at 0.9 ln(classes) or above for this many steps; and a run that never "
+                              "left chance, judged at its end after the warm-up plus this many steps (0: neither "
+                              "is checked; docs/operations.md)", range=NON_NEGATIVE)
+    on_collapse: str = opt("stop", "on a collapse or a run that never left chance: stop (one line, exit status 6) | "
+                           "warn (the line, then go on)",
                            choices=ON_COLLAPSE)
 
 

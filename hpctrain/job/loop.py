@@ -18,8 +18,9 @@ from hpctrain.job.console import show_progress
 from hpctrain.job.results import Progress, evaluate
 from hpctrain.job.setup import Job
 from hpctrain.ops.checkpoint import Checkpointer
-from hpctrain.ops.collapse import CollapseRule, CollapseWatch, chance_loss, learned_before
+from hpctrain.ops.collapse import CollapseRule, CollapseWatch, chance_loss, ended_at_chance, explain_never_learned
 from hpctrain.ops.collapse import explain as explain_collapse
+from hpctrain.ops.collapse import learned_before
 from hpctrain.ops.datawait import InputWatch
 from hpctrain.ops.finite import NO_SAMPLE, NonFiniteResult, add_step_loss, check_result, epoch_loss
 from hpctrain.ops.metrics import MetricsLog, read_records
@@ -97,9 +98,13 @@ def train(job: Job, ckpt: Checkpointer, stop: StopSignal, resumed, log: MetricsL
             with busy(watchdog, "evaluation"):
                 rec.update(evaluate(job))   # OD-SGD: scores the global weights W (trainer.finish)
         log.log("epoch", **rec)
+        progress.train_loss = rec["train_loss"]
         _stop_if_nonfinite(job, ckpt, rec, f"after epoch {epoch}")
         if trainer.step_count >= total_steps or stop.agreed:
             break
+    if collapse and not stop.agreed:
+        progress.at_chance = ended_at_chance(collapse.detector, trainer.step_count - progress.start_step,
+                                             trainer.schedule.warmup_steps if trainer.schedule else 0)
     with busy(watchdog, "checkpoint"):
         trainer.finish()
         ckpt.save(trainer)                                # the final (or signal) checkpoint
@@ -151,3 +156,18 @@ def check_collapse(job: Job, watch: CollapseWatch, log: MetricsLog) -> None:
     watch.warned = True
     if job.topo.rank == 0:
         print(f"hpctrain: warning: {line} (train.on_collapse=warn: going on)", file=sys.stderr, flush=True)
+
+
+def check_ended_at_chance(job: Job, progress: Progress, summary: dict, log: MetricsLog) -> None:
+    """Collective, after the final checkpoint and evaluation: a run that never learned
+    (:func:`~hpctrain.ops.collapse.ended_at_chance`) raises :class:`TrainingCollapsed` on every rank
+    (``on_collapse = "stop"``: status 6, not "done") or prints its line on rank 0 (``"warn"``)."""
+    if progress.at_chance is None:
+        return
+    line = explain_never_learned(progress.at_chance, chance_loss(summary["num_classes"]),
+                                 summary["steps"] - progress.start_step, summary["test_accuracy"], job.lr_line)
+    log.log("never_learned", smoothed_loss=progress.at_chance, steps=summary["steps"], message=line)
+    if job.cfg.train.on_collapse == "stop":
+        raise TrainingCollapsed(line)
+    if job.topo.rank == 0:
+        print(f"hpctrain: warning: {line} (train.on_collapse=warn)", file=sys.stderr, flush=True)

@@ -29,6 +29,8 @@ class Progress:
     skipped: int = 0
     train_s: float = 0.0
     breakdown: dict = field(default_factory=dict)
+    train_loss: float | None = None     # the last epoch's (the summary's)
+    at_chance: float | None = None      # the smoothed loss, if the run never learned and ends at chance
 
 
 def evaluate(job: Job, batch_size: int = 256) -> dict:
@@ -84,6 +86,7 @@ def summarise(job: Job, log: MetricsLog, progress: Progress, t0: float) -> dict:
     return log.log("summary", **result, samples_per_s=progress.samples / train_s, wall_s=wall_s,
                    train_s=train_s, world_size=topo.size, steps=steps, epochs=steps / loader.steps,
                    global_batch=loader.global_batch, skipped_steps=int(progress.skipped),
+                   train_loss=progress.train_loss,
                    num_classes=loader.shards.index.num_classes,
                    strategy=cfg.comm.strategy, compression=cfg.comm.compression, algorithm=cfg.update.algorithm,
                    phases_s=progress.breakdown,

@@ -14,7 +14,7 @@ from mpi4py import MPI
 
 from hpctrain.job.config import Config
 from hpctrain.job.console import startup_line
-from hpctrain.job.loop import train
+from hpctrain.job.loop import check_ended_at_chance, train
 from hpctrain.job.results import summarise
 from hpctrain.job.setup import checkpointer, on_agreed_exit, setup
 from hpctrain.ops.checkpoint import resume_spec
@@ -63,5 +63,6 @@ def run(cfg: Config, comm: MPI.Comm) -> dict:
                           f"--set ckpt.resume=auto")
         with busy(watchdog, "evaluation"):
             summary = summarise(job, log, progress, t0)
+        check_ended_at_chance(job, progress, summary, log)    # a net that learned nothing is not "done"
         rundir.record("done", steps=summary["steps"], test_accuracy=summary["test_accuracy"])
         return summary

@@ -19,6 +19,10 @@ A resumed run is judged with its history: a checkpoint written while the run was
 dead network whose loss never falls again, so the detector starts *learned* when an earlier leg's
 epoch loss in ``metrics.jsonl`` was below the threshold (:func:`learned_before`).
 
+A run that never learned (the smoothed loss never at half of chance, and at chance at its end) has
+not collapsed, and is not done either: :func:`ended_at_chance` says so at the end of a run that had
+the warm-up plus ``steps`` steps to leave chance (a shorter run, a smoke test, is not judged).
+
 The verdict names the step of the lowest smoothed loss before the climb (where the run turned)
 and the first step back at chance. :class:`CollapseDetector` is pure (no MPI, no torch): the job
 feeds it the rank-averaged losses, so every rank reaches the same verdict at the same step.
@@ -30,7 +34,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 __all__ = ["CollapseRule", "Collapse", "CollapseDetector", "detect_collapse", "chance_loss", "at_chance",
-           "explain", "learned_before", "ON_COLLAPSE"]
+           "explain", "learned_before", "ended_at_chance", "explain_never_learned", "ON_COLLAPSE"]
 
 ON_COLLAPSE = ("stop", "warn")     # train.on_collapse: end the job (status 6) or print the line and go on
 
@@ -129,6 +133,26 @@ def learned_before(records: Iterable[dict], rule: CollapseRule) -> tuple[float, 
         if isinstance(loss, (int, float)) and math.isfinite(loss) and (best is None or loss < best[0]):
             best = (float(loss), int(rec.get("step", -1)))
     return best if best is not None and best[0] <= rule.learned_below * rule.chance else None
+
+
+def ended_at_chance(detector: CollapseDetector, steps_trained: int, warmup_steps: int) -> float | None:
+    """The smoothed loss at the end of a run that never learned and ends at chance (module
+    docstring), else None. Judged only when the run took at least ``warmup_steps + rule.steps``
+    steps; a run armed from its history (resumed after it had learned) is the collapse rule's."""
+    r = detector.rule
+    if detector.learned or detector.ema is None or steps_trained < warmup_steps + r.steps:
+        return None
+    return detector.ema if detector.ema >= r.back_at * r.chance else None
+
+
+def explain_never_learned(smoothed_loss: float, chance: float, steps: int, test_accuracy: float,
+                          lr_line: str) -> str:
+    """The one line rank 0 prints for :func:`ended_at_chance`."""
+    return (f"training never left chance: after {steps} steps the loss (smoothed) is {smoothed_loss:.4g}, at chance "
+            f"(ln C = {chance:.4g}), and it never fell to half of that; test accuracy {100 * test_accuracy:.2f}%; "
+            f"likely causes: a learning rate too small to move the net or so large it died at once ({lr_line}), "
+            f"weight decay too strong, or labels with nothing to learn "
+            f"(train.on_collapse=warn ends with status 0, train.collapse_steps=0 never checks)")
 
 
 def detect_collapse(losses: Iterable[float], rule: CollapseRule, first_step: int = 0) -> Collapse | None:

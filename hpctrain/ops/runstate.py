@@ -81,7 +81,7 @@ def main(argv: list[str]) -> int:
                                  description="Print how the run in RUN_DIR ended; exit 0 done, 3 stopped (checkpoint "
                                              "written), 2 failed, 4 stalled (ended by the watchdog), 5 ended without a "
                                              "record (killed, aborted), 6 collapsed (the training loss back at "
-                                             "chance), 1 still running.")
+                                             "chance, or never away from it), 1 still running.")
     ap.add_argument("run_dir", metavar="RUN_DIR")
     ap.add_argument("--since", type=float, metavar="UNIX_TIME",
                     help="the job started then: an older record is an earlier job's (the batch scripts pass it)")

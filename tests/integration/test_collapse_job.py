@@ -47,3 +47,29 @@ def test_on_collapse_warn_prints_once_and_finishes(tmp_path):
     assert "train.on_collapse=warn: going on" in r.stderr
     recs = records(tmp_path)
     assert [x["event"] for x in recs].count("collapsed") == 1 and recs[-1]["event"] == "summary"
+
+
+NOT_MOVING = ["--no-progress", "--set", "optim.lr=1e-9", "--set", "optim.scale_lr=false", "--set", "optim.warmup=none",
+              "--set", "train.collapse_steps=10"]
+
+
+def test_a_run_that_never_learned_is_not_done(tmp_path):
+    """lr 1e-9: the net stays at chance. After the final checkpoint and evaluation (nothing is lost),
+    status 6 and one line, not "done"; with train.on_collapse=warn, the line and status 0."""
+    r, _ = mpirun(2, ["-m", "hpctrain", "--run-dir", str(tmp_path / "stop"), "--epochs", "2", *NOT_MOVING], timeout=240)
+    assert r.returncode == 6, (r.returncode, r.stderr[-2000:])
+    lines = [ln for ln in r.stderr.splitlines() if "never left chance" in ln]
+    assert len(lines) == 1 and lines[0].startswith("hpctrain: error: training never left chance: after 44 steps"), \
+        r.stderr[-2000:]
+    assert "ln C = 2.303" in lines[0] and "lr 1e-09 as given" in lines[0]
+    recs = records(tmp_path / "stop")
+    assert [x["event"] for x in recs][-2:] == ["summary", "never_learned"]
+    assert recs[-2]["test_accuracy"] < 0.2 and recs[-2]["train_loss"] > 0.9 * 2.303
+    assert (tmp_path / "stop" / "checkpoints" / "ckpt-000000044.pt").exists()
+    st = subprocess.run([sys.executable, "-m", "hpctrain", "status", str(tmp_path / "stop")], capture_output=True,
+                        text=True, timeout=60, env={**ENV, **__import__("os").environ})
+    assert st.returncode == 6 and st.stdout.startswith("hpctrain: collapsed: training never left chance"), st.stdout
+    r, _ = mpirun(1, ["-m", "hpctrain", "--run-dir", str(tmp_path / "warn"), "--epochs", "2", *NOT_MOVING,
+                      "--set", "train.on_collapse=warn"], timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stderr.count("hpctrain: warning: training never left chance") == 1, r.stderr[-2000:]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hpctrain.ops.collapse import (Collapse, CollapseDetector, CollapseRule, at_chance, chance_loss,
-                                   detect_collapse, explain)
+                                   detect_collapse, ended_at_chance, explain, explain_never_learned)
 
 LN10 = math.log(10)
 CURVES = os.path.join(os.path.dirname(__file__), "data", "loss_curves.json")
@@ -87,6 +87,30 @@ def test_a_run_that_never_learned_is_not_a_collapse():
     assert detect_collapse(np.concatenate([slow, np.full(500, LN10)]), CollapseRule(LN10, steps=50)) is None
 
 
+def fed(curve, rule):
+    detector = CollapseDetector(rule)
+    detector.feed(0, curve)
+    return detector
+
+
+def test_a_run_that_never_learned_ends_at_chance_once_it_had_the_warmup_and_the_steps():
+    rule = CollapseRule(LN10, steps=50)
+    flat = np.full(300, LN10)
+    assert ended_at_chance(fed(flat, rule), 300, warmup_steps=250) == pytest.approx(LN10)
+    assert ended_at_chance(fed(flat, rule), 299, warmup_steps=250) is None       # a short run is not judged
+    dipped = np.concatenate([healthy(200, floor=1.6, tau=40), np.full(300, LN10)])  # 0.7 ln C, never 0.5: back
+    assert ended_at_chance(fed(dipped, rule), 500, warmup_steps=0) is not None
+    assert ended_at_chance(fed(healthy(2000, floor=1.3, tau=400), rule), 2000, 0) is None  # slow, but it moves
+    assert ended_at_chance(fed(collapsing(), rule), 760, 0) is None                # learned: the collapse rule's
+    armed = CollapseDetector(rule)
+    armed.arm(0.4, 100)                                                            # resumed after it had learned
+    armed.feed(0, flat)
+    assert ended_at_chance(armed, 300, 0) is None
+    line = explain_never_learned(2.301, LN10, 720, 0.1194, "lr 0.05 as given (optim.scale_lr=false)")
+    assert "\n" not in line and line.startswith("training never left chance: after 720 steps the loss (smoothed) is 2.301")
+    assert "ln C = 2.303" in line and "test accuracy 11.94%" in line and "lr 0.05 as given" in line
+
+
 def test_non_finite_losses_are_skipped_and_feeding_in_pieces_matches_the_whole_curve():
     curve = collapsing()
     rule = CollapseRule(LN10, steps=100)
@@ -131,6 +155,8 @@ def test_recorded_curves():
             assert c.turned_step < c.chance_since <= c.step, name
         else:
             assert c is None, (name, c)
+            rule = CollapseRule(chance_loss(rec["classes"]), steps=rec.get("rule_steps", 100))
+            assert ended_at_chance(fed(rec["loss"], rule), len(rec["loss"]), 0) is None, name
 
 
 def test_a_collapse_is_recorded_as_collapsed_and_read_back_as_status_6(tmp_path):
