@@ -54,7 +54,8 @@ def run_variant(base: Config, name: str, overrides: dict, out_dir: str, comm) ->
         with open(os.path.join(cfg.run.run_dir, "metrics.jsonl")) as fh:
             curve = [r["test_accuracy"] for r in map(json.loads, fh) if r["event"] == "epoch"]
     return {"name": name, "overrides": overrides, "test_accuracy": summary["test_accuracy"],
-            "test_loss": summary["test_loss"], "num_classes": summary["num_classes"],
+            "test_loss": summary["test_loss"], "train_loss": summary["train_loss"],
+            "num_classes": summary["num_classes"],
             "test_accuracy_before_polish": summary.get("test_accuracy_before_polish"),
             "global_batch": summary["global_batch"], "steps": summary["steps"], "curve": curve}
 
@@ -105,6 +106,8 @@ def main(argv: list[str]) -> int:
                     "datasets")
     ap.add_argument("--seeds", type=int, default=3, help="held-out: seeds 0..N-1 per variant")
     ap.add_argument("--ablation", action="store_true", help="held-out: add LARS as given (MLPerf eta, raw 1-D lr)")
+    ap.add_argument("--small-lamb", action="store_true", help="held-out: add LAMB at the small batch (recipe "
+                    "auto), to tell LAMB's own gap to SGD from the large batch's")
     ap.add_argument("--cache-dir", default=None, help="held-out: where the generated datasets are converted")
     args = ap.parse_args(argv)
     from mpi4py import MPI
