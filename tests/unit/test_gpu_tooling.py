@@ -96,8 +96,9 @@ def test_gpu_wheels_refuses_a_folder_over_the_limit(tmp_path):
 
 
 def test_make_test_gpu_needs_no_setup_names_its_files_and_starts_with_the_preflight():
-    dry = subprocess.run(["make", "-n", "test-gpu", f"PY={sys.executable}", "MPIEXEC=mpiexec"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)
+    # --no-print-directory: under a sub-make (make test-serial) make -n would start with "Entering directory"
+    dry = subprocess.run(["make", "--no-print-directory", "-n", "test-gpu", f"PY={sys.executable}",
+                          "MPIEXEC=mpiexec"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert dry.returncode == 0, dry.stderr
     assert "setup.sh" not in dry.stdout and "pip install" not in dry.stdout
     for f in ("tests/kernels/test_gpu.py", "tests/integration/test_gpu_job.py", "tests/mpi/test_gpu_sync.py",
