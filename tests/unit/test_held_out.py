@@ -92,3 +92,10 @@ def test_small_lamb_adds_lamb_at_the_small_batch_and_says_what_the_large_batch_c
     assert line == (f"tabular   {LAMB} against {held_out.SMALL_LAMB} (batch 64): "
                     f"{(88.79 + 89.23 + 89.13) / 3 - 89.60333:+.2f} mean, worst seed {88.79 - 89.60333:+.2f}")
     assert held_out.large_against_small_lamb(summary[:1] + summary[2:]) == []     # without the reference: none
+
+
+def test_a_run_without_an_epoch_loss_is_not_called_collapsed(monkeypatch):
+    """No epoch trained in this run (train_loss None, e.g. resumed at its end): judged by nothing, not a crash."""
+    monkeypatch.setattr(study, "run_variant", lambda *a: {**finished(LAMB, 0.9, None, 2048, test_loss=0.3)})
+    row = held_out.run_one(Config(), "tabular", 0, LAMB, {"train.batch_size": 2048}, "unused", None)
+    assert row["failed"] is None and row["error"] is None

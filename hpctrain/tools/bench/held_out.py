@@ -14,8 +14,8 @@ MLPerf defaults as given (eta 0.001, raw lr on the 1-D parameters) and the BN-fr
 without the 1-D scaling, to show what each part of the recipe fixes.
 Prints every seed, and mean, spread (min..max) and the worst seed against the small-batch mean
 over the seeds that trained; a seed at chance (stopped by the collapse or never-learned check, or
-the last epoch's training loss at 0.9 ln C or above) or diverged is shown as such, counted, and misses the goal; writes
-``held_out.json`` in ``--out``. Runs under ``mpiexec`` like training.
+the last epoch's training loss at 0.9 ln C or above) or diverged is shown as such, counted, and
+misses the goal; writes ``held_out.json`` in ``--out``. Runs under ``mpiexec`` like training.
 """
 from __future__ import annotations
 
@@ -64,7 +64,8 @@ def run_one(base: Config, dataset: str, seed: int, name: str, overrides: dict, o
     try:                                      # run directory: OUT/DATASET/seedS/<variant name>
         row = run_variant(cfg, name, overrides, os.path.join(out, dataset, f"seed{seed}"), comm)
         # the training loss: an overfit net's test loss can pass ln C while its accuracy is fine
-        row["failed"] = "collapsed" if at_chance(row["train_loss"], row["num_classes"]) else None
+        ended_at_chance = row["train_loss"] is not None and at_chance(row["train_loss"], row["num_classes"])
+        row["failed"] = "collapsed" if ended_at_chance else None
         row["error"] = "training loss at chance at the end" if row["failed"] else None
     except (NonFiniteError, TrainingCollapsed) as exc:
         row = {"name": name, "overrides": overrides, "test_accuracy": None, "error": str(exc),
