@@ -85,7 +85,7 @@ def check_cupy() -> tuple[bool, str]:
 
 
 def check_libmpi(python: str = sys.executable, timeout: float = 60) -> tuple[bool, str]:
-    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    env = {"PMIX_MCA_gds": "hash", **os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
     try:
         r = subprocess.run([python, "-c", LIBMPI], capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
