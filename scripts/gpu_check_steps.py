@@ -6,6 +6,7 @@ one line ``RESULT {json}`` that the driver puts in its summary table.
     python scripts/gpu_check_steps.py lars --device cuda|cpu
     python scripts/gpu_check_steps.py augment --device cuda|cpu
     mpiexec -n 1 python scripts/gpu_check_steps.py resnet --device cuda|cpu [--model resnet50 --batch 64 --size 224]
+    python scripts/gpu_check_steps.py decode --device cuda        (needs torchvision built for the node's torch)
 
 ``--device cpu`` runs the same code on the CPU with small sizes: the dry run (``gpu-check --cpu``)
 that ``make test`` runs, so the GPU check cannot rot. Nothing here has run on a GPU yet.
@@ -219,6 +220,60 @@ def resnet(args) -> int:
     return 0
 
 
+def jpeg_batch(n: int, seed: int = 6) -> list[bytes]:
+    """``n`` JPEGs (quality 90) of smooth random pictures at camera-like sizes, made with Pillow."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        h, w = (375, 500) if i % 2 else (480, 640)
+        coarse = rng.integers(0, 256, (h // 16 + 1, w // 16 + 1, 3), dtype=np.uint8)
+        img = Image.fromarray(coarse).resize((w, h), Image.BILINEAR)
+        buf = io.BytesIO()
+        img.save(buf, format="JPEG", quality=90)
+        out.append(buf.getvalue())
+    return out
+
+
+def decode(args, decoder=None) -> int:
+    """JPEG batch decode on the device (``hpctrain.data.gpudecode.torchvision_decode``: nvJPEG;
+    ``decoder`` is a test's stand-in) against Pillow's decode of the same files: mean and largest
+    difference per pixel (two IDCTs may differ by a few levels), and images per second."""
+    import io
+
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from hpctrain.data import gpudecode
+    decoder = decoder or gpudecode.torchvision_decode
+    dev = torch.device(args.device)
+    files = jpeg_batch(args.n)
+    data = [torch.frombuffer(bytearray(f), dtype=torch.uint8) for f in files]
+    want = [np.asarray(Image.open(io.BytesIO(f)).convert("RGB")).transpose(2, 0, 1) for f in files]
+
+    def settle():
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+    got = decoder(data, dev)
+    settle()
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        decoder(data, dev)
+    settle()
+    img_s = args.n * args.steps / (time.perf_counter() - t0)
+    diffs = [np.abs(g.cpu().numpy().astype(np.int16) - w.astype(np.int16)) for g, w in zip(got, want)]
+    shapes_ok = all(g.shape == w.shape for g, w in zip(got, want))
+    mean = float(np.mean([d.mean() for d in diffs])) if shapes_ok else float("inf")
+    ok = shapes_ok and mean < 2.0
+    result(step="decode", ok=ok, device=str(dev), images=args.n, img_s=round(img_s, 1),
+           mean_abs_diff=f"{mean:.2f}", max_abs_diff=int(max(int(d.max()) for d in diffs)) if shapes_ok else None)
+    return 0 if ok else 1
+
+
 def dry(args) -> int:
     """``gpu-check --cpu``: every step that has a CPU form, in this one process (one torch and
     MPI start-up instead of four: the dry run runs in ``make test``), at small sizes; each
@@ -236,10 +291,12 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="what", required=True)
     e = sub.add_parser("env")
     e.add_argument("--mpiexec", default="mpiexec")
-    for name in ("lars", "augment", "resnet"):
+    for name in ("lars", "augment", "resnet", "decode"):
         s = sub.add_parser(name)
         s.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-        s.add_argument("--steps", type=int, default={"lars": 5, "augment": 1, "resnet": 20}[name])
+        s.add_argument("--steps", type=int, default={"lars": 5, "augment": 1, "resnet": 20, "decode": 10}[name])
+        if name == "decode":
+            s.add_argument("--n", type=int, default=64, help="JPEGs in the batch")
         if name == "resnet":
             s.add_argument("--model", default="resnet50")
             s.add_argument("--batch", type=int, default=64)
@@ -248,7 +305,8 @@ def main(argv=None) -> int:
     d = sub.add_parser("dry")
     d.add_argument("--mpiexec", default="mpiexec")
     args = p.parse_args(argv)
-    return {"env": env, "lars": lars, "augment": augment, "resnet": resnet, "dry": dry}[args.what](args)
+    return {"env": env, "lars": lars, "augment": augment, "resnet": resnet, "decode": decode,
+            "dry": dry}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ def test_dry_run_runs_or_skips_every_step_with_its_reason(tmp_path):
     assert r.returncode == 0, (r.stdout, r.stderr)
     summary = json.loads((tmp_path / "summary.json").read_text())
     names = [s.name for s in gpu_check.steps("py", "mpiexec", str(tmp_path), True)]
-    assert [row["step"] for row in summary["steps"]] == names and len(names) == 9
+    assert [row["step"] for row in summary["steps"]] == names and len(names) == 10
     for row, step in zip(summary["steps"], gpu_check.steps("py", "mpiexec", str(tmp_path), True)):
         if step.gpu_only:
             assert row["status"] == "skipped: needs a CUDA device (dry run)", row
@@ -46,8 +46,8 @@ def test_dry_run_runs_or_skips_every_step_with_its_reason(tmp_path):
 def test_launch_env_drops_what_an_mpi_process_leaves_for_its_children():
     env = {"PMIX_SERVER_URI4": "x", "PMIX_RANK": "0", "PMIX_MCA_psec": "native", "OMPI_MCA_ess": "singleton",
            "OMPI_MCA_rmaps_base_oversubscribe": "1", "OMPI_COMM_WORLD_SIZE": "1", "PATH": "/bin"}
-    assert gpu_check.launch_env(env) == {"PMIX_MCA_psec": "native", "OMPI_MCA_rmaps_base_oversubscribe": "1",
-                                         "PATH": "/bin"}
+    assert gpu_check.launch_env(env) == {**gpu_check.MPI_ENV, "PMIX_MCA_psec": "native",
+                                         "OMPI_MCA_rmaps_base_oversubscribe": "1", "PATH": "/bin"}
 
 
 def step(argv, timeout_s=10, min_s=1, gpu_only=False):
