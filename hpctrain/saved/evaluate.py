@@ -60,7 +60,8 @@ def evaluate(run_dir: str, comm: MPI.Comm, data: str | None = None, split: str =
              step: int | None = None, batch_size: int = 256) -> tuple[dict, SavedWeights]:
     """Collective: the scores of ``run_dir``'s model over ``split`` of ``data`` (default: the run's
     own data set). A problem on any rank is one :class:`UserError` raised on every rank."""
-    saved, error = None, None
+    saved: SavedWeights | None = None
+    error: BaseException | str | None = None
     if comm.Get_rank() == 0:
         try:
             saved = run_weights(run_dir, step, warn=lambda line: print(f"hpctrain: warning: {line}",
@@ -69,17 +70,18 @@ def evaluate(run_dir: str, comm: MPI.Comm, data: str | None = None, split: str =
             error = exc
     agree(comm, error)
     saved = comm.bcast(saved, root=0)
-    assert saved is not None
-    spec = saved.spec
-    dataset = data or spec["dataset"]
-    index, error = None, None
-    try:
+    assert saved is not None                # agree raised otherwise
+    spec, dataset = saved.spec, data or saved.spec["dataset"]
+    model, index = None, None
+    try:       # a user's model factory must import on every rank; the shards must fit the model
+        model = build(spec, saved.state)
         index = read_index(resolve_dataset(dataset, spec.get("cache_dir", "~/.cache/hpctrain"), comm))
-        error = mismatch(spec, index, f"{dataset}")
+        error = mismatch(spec, index, dataset)
     except UserError as exc:
         error = exc
     agree(comm, error)
-    shards, error = None, None
+    assert model is not None and index is not None
+    shards = None
     try:
         shards = ShardSet(index, split, comm=comm)
         shards.check()
@@ -87,7 +89,7 @@ def evaluate(run_dir: str, comm: MPI.Comm, data: str | None = None, split: str =
         error = exc
     try:
         agree(comm, error)
-        model = build(spec, saved.state)
+        assert shards is not None
         prep = BatchPrep(Normalize(spec["normalize"], int(spec["sample_shape"][0])))
         batches = ((prep(x), y) for x, y in eval_batches(shards, rank=comm.Get_rank(), size=comm.Get_size(),
                                                           batch_size=batch_size, raw=True))
