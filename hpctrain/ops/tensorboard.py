@@ -32,7 +32,9 @@ class TensorBoardLog:
 
     def __init__(self, run_dir: str, start_step: int = 0):
         from torch.utils.tensorboard import SummaryWriter
-        self.writer = SummaryWriter(log_dir=os.path.join(run_dir, DIR_NAME), purge_step=start_step or None)
+        # a step's scalars are numbered by the steps done after it: the checkpoint's own stay
+        self.writer = SummaryWriter(log_dir=os.path.join(run_dir, DIR_NAME),
+                                    purge_step=start_step + 1 if start_step else None)
         self.global_batch = 0
         self.last_step = start_step
 
