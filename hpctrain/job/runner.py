@@ -54,7 +54,7 @@ def run(cfg: Config, comm: MPI.Comm) -> dict:
         tensorboard.observe(log, cfg.report.tensorboard, cfg.run.run_dir, job.trainer.step_count, stack)
         if job.topo.rank == 0:                                    # what export and evaluate rebuild the model from
             write_spec(os.path.join(cfg.run.run_dir, SPEC_NAME),
-                       run_spec(cfg.to_dict(), job.loader.shards.index, run_id, ckpt.directory))
+                       run_spec(cfg.to_dict(), job.loader.shards.index, run_id, ckpt.directory, cfg.run.run_dir))
         if watchdog is not None:                                  # the run's last record says why it ended
             watchdog.on_abort = rundir.on_stall(log, lambda: job.trainer.step_count)
         if job.topo.rank == 0:

@@ -34,9 +34,11 @@ def model_name(name: str) -> str:
     return name
 
 
-def run_spec(config: dict, index, run_id: str | None, checkpoints: str) -> dict:
+def run_spec(config: dict, index, run_id: str | None, checkpoints: str, run_dir: str) -> dict:
     """The spec of a run: its ``[model]`` section as built, the data's shape, classes and
-    normalisation (from its shard index), and where its checkpoints are."""
+    normalisation (from its shard index), and where its checkpoints are (relative to ``run_dir``
+    when inside it, so a run directory copied elsewhere still finds them)."""
+    inside = os.path.commonpath([os.path.abspath(checkpoints), os.path.abspath(run_dir)]) == os.path.abspath(run_dir)
     m = config["model"]
     return {"format": FORMAT, "version": VERSION, "model": model_name(m["name"]),
             "options": {k: m[k] for k in MODEL_OPTIONS if k in m},
@@ -44,7 +46,7 @@ def run_spec(config: dict, index, run_id: str | None, checkpoints: str) -> dict:
             "dtype": index.dtype, "encoding": index.encoding, "normalize": index.normalize,
             "class_names": list(index.class_names), "dataset": config["data"]["dataset"],
             "cache_dir": config["data"]["cache_dir"], "run_id": run_id,
-            "checkpoints": os.path.abspath(checkpoints)}
+            "checkpoints": os.path.relpath(checkpoints, run_dir) if inside else os.path.abspath(checkpoints)}
 
 
 def write_spec(path: str, spec: dict) -> None:

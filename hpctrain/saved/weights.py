@@ -63,7 +63,7 @@ def run_weights(run_dir: str, step: int | None = None, warn=None) -> SavedWeight
     """The model weights of run ``run_dir``: its newest checkpoint that verifies, or the one of
     ``step``; polished when ``RUN_DIR/polished-bn.pt`` belongs to that checkpoint."""
     spec = read_spec(os.path.join(run_dir, SPEC_NAME))
-    directory, run_id = spec["checkpoints"], spec.get("run_id")
+    directory, run_id = os.path.join(run_dir, spec["checkpoints"]), spec.get("run_id")     # relative: to run_dir
     mine = [e for e in reversed(entries(directory)) if of_run(e.path, run_id)]
     if step is not None:
         mine = [e for e in mine if e.step == step]

@@ -24,7 +24,7 @@ def fake_run(run_dir, model_name, model, run_id="r1", step=7):
               "data": {"dataset": "/nowhere", "cache_dir": "~/.cache/hpctrain"}}
     ckdir = os.path.join(run_dir, "checkpoints")
     os.makedirs(ckdir)
-    write_spec(os.path.join(run_dir, SPEC_NAME), run_spec(config, index, run_id, ckdir))
+    write_spec(os.path.join(run_dir, SPEC_NAME), run_spec(config, index, run_id, ckdir, run_dir))
     write_file(os.path.join(ckdir, checkpoint_name(step)), encode({"trainer": {"model": model.state_dict()}}),
                {"step": step, "run_id": run_id, "leg": 0, "samples_seen": step})
 
@@ -66,3 +66,23 @@ def test_another_runs_checkpoints_are_not_taken(tmp_path):
     json.dump(spec, open(tmp_path / "run" / SPEC_NAME, "w"))
     with pytest.raises(SavedModelError, match="no checkpoint of run"):
         load_model(str(tmp_path / "run"))
+
+
+def test_a_compiled_models_entries_load_into_the_plain_model(tmp_path):
+    """torch.compile's wrapper (``OptimizedModule``) holds the model as ``_orig_mod``, so every entry
+    is prefixed ``_orig_mod.``; the exported model is the plain one. (A module holding it the same way
+    stands in: importing torch's compiler costs a serial test seconds.)"""
+    trained = seqmodels.build(4, 24)
+    compiled = torch.nn.Module()
+    compiled._orig_mod = trained
+    assert all(k.startswith("_orig_mod.") for k in compiled.state_dict())
+    fake_run(str(tmp_path / "run"), "tests.integration.fixtures.seqmodels:build", compiled)
+    x = torch.randn(3, 24)
+    with torch.no_grad():
+        assert torch.equal(load_model(str(tmp_path / "run"))(x), trained(x))
+
+
+def test_a_run_directory_moved_elsewhere_finds_its_checkpoints(tmp_path):
+    fake_run(str(tmp_path / "run"), "tests.integration.fixtures.seqmodels:build", seqmodels.build(4, 24))
+    os.rename(tmp_path / "run", tmp_path / "moved")
+    load_model(str(tmp_path / "moved"))
