@@ -19,6 +19,7 @@ _EXPORTS = {
     "recompute_bn_stats": "hpctrain.models.polish",
     "build_model": "hpctrain.models",
     "Config": "hpctrain.job.config",
+    "load_model": "hpctrain.saved",
 }
 
 __all__ = ["__version__", *_EXPORTS]

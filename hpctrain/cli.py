@@ -22,6 +22,8 @@ SUBCOMMANDS = {
     "report": "hpctrain.ops.report:main",
     "status": "hpctrain.ops.runstate:main",
     "cluster": "hpctrain.tools.cluster:main",
+    "export": "hpctrain.saved.export:main",
+    "evaluate": "hpctrain.saved.evaluate:main",
 }
 
 # Named flags: shortcuts for the most used ``--set`` keys.
@@ -186,7 +188,8 @@ def train_main(argv: list[str]) -> int:
 
 
 def format_summary(s: dict) -> str:
-    return (f"test accuracy {100 * s['test_accuracy']:.2f}% | {s['samples_per_s']:.0f} samples/s | "
+    top5 = f" (top-5 {100 * s['test_top5_accuracy']:.2f}%)" if "test_top5_accuracy" in s else ""
+    return (f"test accuracy {100 * s['test_accuracy']:.2f}%{top5} | {s['samples_per_s']:.0f} samples/s | "
             f"wall {s['wall_s']:.1f} s | {s['world_size']} ranks | GPU-time {s['gpu_time_s']:.1f} s "
             f"({s['avg_single_gpu_time_per_epoch_s']:.2f} s/epoch) | {s['strategy']}/{s['compression']}")
 

@@ -34,7 +34,7 @@ fi
 # The project's extras: `test` carries cupy-cuda12x (NVRTC compiles in CPU CI), which cannot sit
 # beside cupy-cuda13x, so a CUDA 13 node and the MPICH venv take the test tools by name.
 extras=docs
-tools=('pytest>=8' 'pytest-mpi>=0.6' 'pytest-timeout>=2.3' 'pytest-xdist>=3')
+tools=('pytest>=8' 'pytest-mpi>=0.6' 'pytest-timeout>=2.3' 'pytest-xdist>=3' 'tensorboard>=2.14' 'safetensors>=0.4')
 if [ "$MPI" = openmpi ] && [ "$cuda_extra" != cuda13 ]; then extras="test,$extras"; tools=(); fi
 [ "$cuda_extra" != - ] && extras="$extras,$cuda_extra"
 if [ "${DRY_RUN:-0}" = 1 ]; then

@@ -45,6 +45,7 @@ from hpctrain.data.hdf5 import DRIVERS
 from hpctrain.data.shards import VERIFY_MODES
 from hpctrain.errors import ConfigError
 from hpctrain.ops.collapse import ON_COLLAPSE
+from hpctrain.ops.tensorboard import tensorboard_missing
 from hpctrain.optim import OPTIMIZERS
 from hpctrain.optim.recipe import RECIPES, row_problem
 from hpctrain.optim.schedules import KINDS as SCHEDULE_KINDS
@@ -54,7 +55,7 @@ from hpctrain.update import ALGORITHMS
 
 __all__ = ["Config", "ConfigError", "sections", "help_text", "set_value", "load_toml", "validate",
            "DataConfig", "ModelConfig", "TrainConfig", "OptimConfig", "CommConfig", "UpdateConfig", "PrecisionConfig",
-           "PolishConfig", "CheckpointConfig", "RunConfig"]
+           "PolishConfig", "CheckpointConfig", "RunConfig", "ReportConfig"]
 
 
 @dataclass
@@ -207,6 +208,12 @@ class RunConfig:
 
 
 @dataclass
+class ReportConfig:
+    tensorboard: bool = opt(False, "rank 0 writes TensorBoard event files to RUN_DIR/tensorboard (needs the "
+                            "tensorboard package: pip install 'hpctrain[tensorboard]')")
+
+
+@dataclass
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -218,6 +225,7 @@ class Config:
     polish: PolishConfig = field(default_factory=PolishConfig)
     ckpt: CheckpointConfig = field(default_factory=CheckpointConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
 
     def to_dict(self) -> dict:
         """``{section: {key: value}}``, every key with the value the run uses; a plugin's options as
@@ -346,6 +354,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         ("run.run_dir", lambda: dir_problem(cfg.run.run_dir)),
         ("ckpt.dir", lambda: cfg.ckpt.dir and dir_problem(cfg.ckpt.dir)),
         ("optim.recipe", lambda: row_problem(cfg.optim.name) if cfg.optim.recipe == "auto" else None),
+        ("report.tensorboard", lambda: tensorboard_missing() if cfg.report.tensorboard else None),
     ]
     for key, problem_of in checks:
         problem = problem_of()

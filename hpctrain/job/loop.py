@@ -69,6 +69,7 @@ def train(job: Job, ckpt: Checkpointer, stop: StopSignal, resumed, log: MetricsL
             lr = trainer.lr()
             result = trainer.step(x, y)
             add_step_loss(loss_acc, result.loss)             # a step a scaler skipped may be inf
+            log.observe("step", step=trainer.step_count, loss=result.loss, lr=lr)    # TensorBoard's, if on
             if collapse and collapse.add(trainer.step_count - 1, result.loss):
                 check_collapse(job, collapse, log)
             progress.skipped += result.skipped
@@ -94,6 +95,8 @@ def train(job: Job, ckpt: Checkpointer, stop: StopSignal, resumed, log: MetricsL
             log.log("warning", epoch=epoch, message=warning)
         rec = {"epoch": epoch, "step": trainer.step_count, "train_loss": epoch_loss(*loss_total),
                "lr": lr, "epoch_s": epoch_s, "phases_s": phases, **wait}
+        if scaler := getattr(trainer.algo, "scaler", None):
+            rec["loss_scale"] = scaler.scale
         if cfg.train.eval_every and (epoch + 1) % cfg.train.eval_every == 0:
             with busy(watchdog, "evaluation"):
                 rec.update(evaluate(job))   # OD-SGD: scores the global weights W (trainer.finish)

@@ -19,6 +19,7 @@ from hpctrain.job.setup import Job
 from hpctrain.ops.finite import NO_SAMPLE, check_result, first_nonfinite
 from hpctrain.ops.metrics import MetricsLog, gpu_time
 from hpctrain.models.polish import recompute_bn_stats
+from hpctrain.models.scores import TOP_K, has_top_k, top_k_correct
 
 
 @dataclass
@@ -37,7 +38,7 @@ def evaluate(job: Job, batch_size: int = 256) -> dict:
     """Exact accuracy and mean loss over the whole test split (each rank scores its share); with
     ``test_nonfinite_sample``, the first sample whose loss is not finite, if any (:mod:`~hpctrain.ops.finite`)."""
     topo = job.topo
-    correct = loss_sum = count = 0.0
+    correct = top_k = loss_sum = count = 0.0
     first_bad, pos = NO_SAMPLE, block_range(job.test_set.num_samples, topo.size, topo.rank)[0]
     # every rank scores the same model: the update in flight done, rank 0's BN statistics
     pool = job.loader.jpeg.pool if job.loader.jpeg else None            # JPEG: the training loader's decode pool
@@ -53,10 +54,13 @@ def evaluate(job: Job, batch_size: int = 256) -> dict:
                 first_bad = first_nonfinite(losses, pos)
             loss_sum += batch_loss
             correct += float((out.argmax(1) == y).sum())
+            top_k += top_k_correct(out, y, TOP_K)
             count += len(y)
             pos += len(y)
-    correct, loss_sum, count = comm_lib.allreduce_sum([correct, loss_sum, count], topo.comm)
+    correct, top_k, loss_sum, count = comm_lib.allreduce_sum([correct, top_k, loss_sum, count], topo.comm)
     result = {"test_accuracy": correct / count, "test_loss": loss_sum / count, "test_samples": int(count)}
+    if has_top_k(job.test_set.index.num_classes):
+        result["test_top5_accuracy"] = top_k / count
     first_bad = topo.comm.allreduce(first_bad, op=MPI.MIN)
     return result if first_bad == NO_SAMPLE else {**result, "test_nonfinite_sample": first_bad}
 

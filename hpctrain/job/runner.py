@@ -8,6 +8,7 @@ so the CLI and the library API share one code path.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 
 from mpi4py import MPI
@@ -17,11 +18,14 @@ from hpctrain.job.console import startup_line
 from hpctrain.job.loop import check_ended_at_chance, train
 from hpctrain.job.results import summarise
 from hpctrain.job.setup import checkpointer, on_agreed_exit, setup
+from hpctrain.ops import tensorboard
 from hpctrain.ops.checkpoint import resume_spec
 from hpctrain.ops.metrics import MetricsLog
 from hpctrain.ops.rundir import RunDirectory
 from hpctrain.ops.signals import StopSignal, Stopped
 from hpctrain.ops.watchdog import busy, start_watchdog
+from hpctrain.saved.spec import SPEC_NAME, run_spec, write_spec
+from hpctrain.saved.weights import keep_polished
 
 
 def run(cfg: Config, comm: MPI.Comm) -> dict:
@@ -47,6 +51,10 @@ def run(cfg: Config, comm: MPI.Comm) -> dict:
         resumed = ckpt.resume(job.trainer, cfg.ckpt.resume)      # None, or where to continue
         log = stack.enter_context(contextlib.closing(
             MetricsLog(cfg.run.run_dir, enabled=job.topo.rank == 0, append=bool(resume_spec(cfg.ckpt.resume)))))
+        tensorboard.observe(log, cfg.report.tensorboard, cfg.run.run_dir, job.trainer.step_count, stack)
+        if job.topo.rank == 0:                                    # what export and evaluate rebuild the model from
+            write_spec(os.path.join(cfg.run.run_dir, SPEC_NAME),
+                       run_spec(cfg.to_dict(), job.loader.shards.index, run_id, ckpt.directory, cfg.run.run_dir))
         if watchdog is not None:                                  # the run's last record says why it ended
             watchdog.on_abort = rundir.on_stall(log, lambda: job.trainer.step_count)
         if job.topo.rank == 0:
@@ -63,6 +71,8 @@ def run(cfg: Config, comm: MPI.Comm) -> dict:
                           f"--set ckpt.resume=auto")
         with busy(watchdog, "evaluation"):
             summary = summarise(job, log, progress, t0)
+        if cfg.polish.bn_recompute and job.topo.rank == 0:     # polished after the final checkpoint
+            keep_polished(cfg.run.run_dir, ckpt.last_path, job.model)
         check_ended_at_chance(job, progress, summary, log)    # a net that learned nothing is not "done"
         rundir.record("done", steps=summary["steps"], test_accuracy=summary["test_accuracy"])
         return summary

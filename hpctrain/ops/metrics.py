@@ -18,6 +18,7 @@ class MetricsLog:
         self.enabled = enabled
         self.path = os.path.join(run_dir, "metrics.jsonl")
         self._fh = None
+        self.observers: list = []     # each gets every record (``observer.record(rec)``), e.g. TensorBoard's
         if enabled:
             os.makedirs(run_dir, exist_ok=True)
             self._fh = open(self.path, "a" if append else "w")   # any resume continues the log, never clears it
@@ -27,7 +28,14 @@ class MetricsLog:
         if self._fh:
             self._fh.write(json.dumps(rec) + "\n")
             self._fh.flush()
+        for observer in self.observers:
+            observer.record(rec)
         return rec
+
+    def observe(self, event: str, **fields) -> None:
+        """A record for the observers alone (per-step figures: too many for ``metrics.jsonl``)."""
+        for observer in self.observers:
+            observer.record({"event": event, **fields})
 
     def close(self) -> None:
         if self._fh:
