@@ -20,7 +20,7 @@ class FakeEvent:
 
     def query(self):
         self.api.log.append(("query", self.name))
-        return True
+        return self.api.landed
 
     def synchronize(self):
         self.api.log.append(("event sync", self.name))
@@ -48,6 +48,7 @@ class FakeCuda:
         self.compute = FakeStream(self, "compute")
         self.current = self.compute
         self.n_streams = 0
+        self.landed = True      # what an event query answers (False: the worst case, every wait blocks)
 
     def handles(self, device) -> bool:
         return True
@@ -80,6 +81,11 @@ class FakeCuda:
     @property
     def host_reads(self) -> int:
         return len(self.named("host read"))
+
+    @property
+    def host_waits(self) -> int:
+        """Everything that may block the host on a GPU: flag reads, event and stream syncs."""
+        return sum(len(self.named(kind)) for kind in ("host read", "event sync", "stream sync"))
 
     def named(self, kind):
         return [e for e in self.log if e[0] == kind]
