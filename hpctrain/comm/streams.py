@@ -37,6 +37,10 @@ class TorchCuda:
         """Read a device flag on the host: the host waits for every kernel queued before it."""
         return bool(flag)
 
+    def record_stream(self, t: torch.Tensor, s) -> None:
+        """Tell the caching allocator that ``s`` uses ``t`` (made on another stream)."""
+        t.record_stream(s)
+
 
 def host_read(flag) -> bool:
     """The one way the comm layer reads a device-side flag on the host (a host sync on a GPU),

@@ -73,6 +73,9 @@ class FakeCuda:
             self.current = before
             self.log.append(("exit", s.name))
 
+    def record_stream(self, t, s):
+        self.log.append(("record_stream", s.name))
+
     def host_read(self, flag):
         """A device flag read on the host: on a GPU the host waits for the stream (counted)."""
         self.log.append(("host read",))
