@@ -10,9 +10,10 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from hpctrain.comm import ring
+from hpctrain.comm import ring, streams
 from hpctrain.topology import Topology
 from tests.host_syncs import fake_device, reference, syncs_per_step
+from tests.unit.fake_cuda import FakeCuda
 
 
 @pytest.mark.parametrize("compute", ["fp32", "bf16"])
@@ -81,3 +82,18 @@ def test_nan_gradient_without_scaler_stops_at_the_weight_check(monkeypatch, clos
     with pytest.raises(NonFiniteError, match="^steps 1-3: the weights became non-finite .*not checked: a non-finite "
                                              "loss or gradient"):
         tr.step(*batch(4))
+
+
+def test_one_rank_device_bucket_needs_no_event(monkeypatch, closer):
+    """A device bucket at one rank (``meta`` stands in for CUDA) is reduced on the compute
+    stream behind backward: no event recorded for it and none to wait for in a blocking round.
+    Before, each bucket recorded one and the blocking round waited for it on the host."""
+    fake = FakeCuda()
+    monkeypatch.setattr(streams, "API", fake)
+    from hpctrain import comm as comm_lib
+    topo = closer(Topology.create(MPI.COMM_SELF))
+    params = [torch.nn.Parameter(torch.zeros(n, device="meta")) for n in (3000, 5)]
+    sync = closer(comm_lib.create("flat", params, topo, bucket_bytes=4096))
+    assert all(b.staging is None and b.single and b.flat.device.type == "meta" for b in sync.buckets)
+    assert [sync._queue_input(b) for b in sync.buckets] == [None, None]
+    assert fake.log == []
