@@ -22,6 +22,7 @@ from torch import nn
 
 from hpctrain import comm as comm_lib
 from hpctrain import update as update_lib
+from hpctrain.comm.threads import overlap_unsupported
 from hpctrain.ops.metrics import NULL_TIMER, StepTimer, Timer
 from hpctrain.optim import set_lr
 from hpctrain.optim.schedules import ScheduleSpec, lr_at
@@ -83,6 +84,9 @@ class DistributedTrainer:
         why = compute_unsupported(compute, next(model.parameters()).device)
         if why:
             raise ValueError(f"precision.compute: {why}")
+        why = overlap_unsupported(overlap, next(model.parameters()).device)
+        if why:
+            raise ValueError(why)
         comm_lib.broadcast_module(model, topology.comm)
         sync = comm_lib.create(strategy, model.parameters(), topology, bucket_bytes=int(bucket_mb * 2**20),
                                compression=compression, overlap=overlap, tune=tune,

@@ -95,14 +95,14 @@ def lars(args) -> int:
                 if p.dim() == 4:
                     p.grad = p.grad.contiguous(memory_format=torch.channels_last)
             opt.step()
-        return [p.detach().cpu() for p in ps], opt.update_backend
+        return [p.detach().cpu() for p in ps], f"norms {opt.ran['norms']}, update {opt.ran['update']}"
     ref, _ = run(torch.device("cpu"), False)
     fused, backend = run(dev, True)
     foreach, _ = run(dev, False)
 
     def rel(a, b):
         return max(float((x - y).abs().max() / (y.abs().max() + 1e-30)) for x, y in zip(a, b))
-    print(f"fused path: {backend}")
+    print(f"fused path ran: {backend}")
     out = {"device": str(dev), "fused_vs_cpu": rel(fused, ref), "foreach_vs_cpu": rel(foreach, ref),
            "fused_vs_foreach": rel(fused, foreach)}
     print(json.dumps(out))

@@ -59,6 +59,7 @@ class GradSync:
         # rank compresses nothing (compression.wire_codec) and sends nothing: never staged.
         one_rank = self.comm.Get_size() == 1
         direct_ok = (one_rank or not self.codec.compresses) and type(self)._alloc is GradSync._alloc
+        self._stand_ins = staging_lib.forced()    # CPU buckets take the device paths (tests)
         self.buckets = make_buckets(self.params, bucket_bytes, alloc=self._alloc, direct_ok=direct_ok,
                                     one_rank=one_rank, wire=self._wire)
         self._setup()
@@ -153,8 +154,11 @@ class GradSync:
         bucket.gather_grads(self.gather_scale)
         if bucket.staging is not None:
             return bucket.stage_in(self.gather_scale)
-        if bucket.flat.device.type != "cpu":    # direct: MPI reads device memory backward wrote
-            return staging_lib.produced(bucket.flat)
+        device_like = bucket.flat.device.type != "cpu" or self._stand_ins
+        if device_like and self.comm.Get_size() > 1:
+            return staging_lib.produced(bucket.flat)    # direct: MPI reads what backward wrote
+        # One rank: the "reduction" (a scale and a check) is queued on the compute stream after
+        # backward, so stream order is all it needs: no event, and no host wait in a blocking round.
         return None
 
     def _launch(self, bucket: Bucket, ready) -> None:

@@ -94,6 +94,11 @@ class Bucket:
         return self.bufs[1 - self.k]
 
     @property
+    def single(self) -> bool:
+        """One buffer in both roles (a direct bucket at one rank: the mean is the input)."""
+        return self.bufs[0] is self.bufs[1]
+
+    @property
     def n_elems(self) -> int:
         return self.bufs[0].numel()
 
@@ -146,7 +151,8 @@ class Bucket:
             if g is None:
                 g = v.zero_()
             elif g is theirs[i]:
-                v.copy_(g)
+                if not self.single:
+                    v.copy_(g)
                 p.grad = g = v
             elif g is not v and (not pack_here or not (g.is_contiguous() and v.is_contiguous())):
                 v.copy_(g)      # packed: a strided view is packed in memory order, from v
@@ -250,7 +256,10 @@ def make_buckets(params, bucket_bytes: int, alloc=None, direct_ok: bool = False,
                                           mpi_takes=lambda: staging_lib.mpi_takes_device_buffers(device))  # noqa: B023
         where = staging_lib.route(device.type, forced=force, direct=direct)
         staging = None
-        if where == "direct":       # MPI reads the device buffers themselves: nothing to stage
+        if where == "direct" and one_rank:  # the mean of one rank is its gradient: one buffer
+            buf = torch.zeros(n, dtype=dtype, device=device)    # in both roles, nothing copied
+            bufs = [buf, buf]
+        elif where == "direct":     # MPI reads the device buffers themselves: nothing to stage
             bufs = [torch.zeros(n, dtype=dtype, device=device) for _ in (0, 1)]
         elif where == "staged":
             staging = staging_lib.Staging(n, dtype, device, registry)

@@ -148,7 +148,7 @@ class RingBuffers:
         # Device buffers: the ring's kernels run on a stream of its own and MPI reads what they
         # wrote once this event (re-recorded each step) has completed (:func:`_settled`).
         api = streams.API
-        self.stream = api.Stream(device) if api.handles(device) else None
+        self.stream = api.Stream(device) if api.handles(device) and n_ranks > 1 else None   # one rank: no kernels
         self.step_done = Ready(api.Event()) if self.stream is not None else DONE
         if self.stream is not None:     # the buffers above were made on the compute stream
             self.stream.wait_stream(api.current_stream(device))

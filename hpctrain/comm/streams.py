@@ -37,6 +37,10 @@ class TorchCuda:
         """Read a device flag on the host: the host waits for every kernel queued before it."""
         return bool(flag)
 
+    def record_stream(self, t: torch.Tensor, s) -> None:
+        """Tell the caching allocator that ``s`` uses ``t`` (made on another stream)."""
+        t.record_stream(s)
+
 
 def host_read(flag) -> bool:
     """The one way the comm layer reads a device-side flag on the host (a host sync on a GPU),
@@ -55,6 +59,40 @@ def any_flag(flags) -> bool:
     if on_device and not found:
         found = host_read(torch.stack(on_device).any() if len(on_device) > 1 else on_device[0])
     return found
+
+
+class FlagCopy:
+    """A 0-d device flag copied to host memory behind the work queued so far (a non-blocking
+    copy into page-locked memory, then an event): :meth:`ready` asks the event without blocking
+    (``cudaEventQuery``) and :meth:`read` then costs no host sync; where it is not ready yet,
+    :meth:`read` waits for that event only (``cudaEventSynchronize``), never for the work
+    queued after it. ``bool(flag)`` instead would wait for the whole stream, the next step's
+    forward and backward included. A host flag (or a device :data:`API` does not handle) is
+    read as it is."""
+
+    __slots__ = ("host", "event")
+
+    def __init__(self, flag: torch.Tensor):
+        api = API
+        self.event = None
+        self.host = flag
+        if api.handles(flag.device):
+            self.host = torch.empty((), dtype=flag.dtype, pin_memory=flag.is_cuda)
+            self.host.copy_(flag, non_blocking=True)
+            self.event = api.Event()
+            self.event.record(api.current_stream(flag.device))
+
+    def ready(self) -> bool:
+        """Has the copy landed? Never blocks."""
+        return self.event is None or self.event.query()
+
+    def read(self) -> bool:
+        """The flag's value on the host (waits for the copy's event only, if not :meth:`ready`)."""
+        if self.event is not None and not self.event.query():
+            self.event.synchronize()
+        if self.event is None:
+            return host_read(self.host)
+        return bool(self.host.numpy())      # page-locked host memory: nothing to wait for
 
 
 API = TorchCuda()

@@ -11,11 +11,25 @@ A grey sample (C = 1) is the luma of the decoded RGB (0.299, 0.587, 0.114, libjp
 batch nvJPEG refuses is decoded again one sample at a time to name the bad one (the loader's
 one-line error, status 2); tested here with a stand-in decoder, not nvJPEG.
 
+Streams: the loader's thread decodes and cuts each batch on a stream of its own (never the
+default stream, where it would queue behind the training kernels), records an event there and
+hands the batch on without waiting; the consumer's stream waits for that event and marks the
+batch as used there (``record_stream``, so the caching allocator does not give its memory back
+to the loader's stream while training still reads it): :func:`take`, which
+:func:`hpctrain.job.batches.to_device` calls for every batch. The loader's thread never blocks
+on the device, so prefetch runs as deep as the loader's queue. Every stream and event call goes
+through :data:`hpctrain.comm.streams.API` (a recording fake in the CPU tests).
+
 torchvision is imported on first use only: it does not import beside this project's CPU torch.
 What it would need on a GPU node: ``pip install torchvision`` matching the node's CUDA torch.
+:func:`available` (what ``data.decode = auto`` asks) decodes a tiny JPEG on the GPU once, so
+``auto`` never picks a decoder whose CUDA operator is missing (a torchvision built without
+nvJPEG), which would then report sample 0 as a corrupt JPEG.
 """
 from __future__ import annotations
 
+import base64
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -39,15 +53,64 @@ def torchvision_decode(data: list, device: torch.device) -> list:
     return list(decode_jpeg(data, device=device, mode=ImageReadMode.RGB))
 
 
+PROBE_JPEG = base64.b64decode(
+    "/9j/4AAQSkZJRgABAQAAAQABAAD/2wBDABALDA4MChAODQ4SERATGCgaGBYWGDEjJR0oOjM9PDkzODdASFxOQERXRTc4UG1RV19i"
+    "Z2hnPk1xeXBkeFxlZ2P/2wBDARESEhgVGC8aGi9jQjhCY2NjY2NjY2NjY2NjY2NjY2NjY2NjY2NjY2NjY2NjY2NjY2NjY2NjY2Nj"
+    "Y2NjY2NjY2P/wAARCAAIAAgDASIAAhEBAxEB/8QAHwAAAQUBAQEBAQEAAAAAAAAAAAECAwQFBgcICQoL/8QAtRAAAgEDAwIEAwUF"
+    "BAQAAAF9AQIDAAQRBRIhMUEGE1FhByJxFDKBkaEII0KxwRVS0fAkM2JyggkKFhcYGRolJicoKSo0NTY3ODk6Q0RFRkdISUpTVFVW"
+    "V1hZWmNkZWZnaGlqc3R1dnd4eXqDhIWGh4iJipKTlJWWl5iZmqKjpKWmp6ipqrKztLW2t7i5usLDxMXGx8jJytLT1NXW19jZ2uHi"
+    "4+Tl5ufo6erx8vP09fb3+Pn6/8QAHwEAAwEBAQEBAQEBAQAAAAAAAAECAwQFBgcICQoL/8QAtREAAgECBAQDBAcFBAQAAQJ3AAEC"
+    "AxEEBSExBhJBUQdhcRMiMoEIFEKRobHBCSMzUvAVYnLRChYkNOEl8RcYGRomJygpKjU2Nzg5OkNERUZHSElKU1RVVldYWVpjZGVm"
+    "Z2hpanN0dXZ3eHl6goOEhYaHiImKkpOUlZaXmJmaoqOkpaanqKmqsrO0tba3uLm6wsPExcbHyMnK0tPU1dbX2Nna4uPk5ebn6Onq"
+    "8vP09fb3+Pn6/9oADAMBAAIRAxEAPwDLooooPpj/2Q==")
+"""An 8 x 8 RGB JPEG (Pillow, quality 50): what :func:`probe` decodes on the device."""
+
+
+@functools.cache
+def probe(device: str = "cuda") -> tuple[bool, str]:
+    """``(ok, why)``: does the device decode operator itself run? Decodes :data:`PROBE_JPEG` on
+    ``device`` once per process (an import that succeeds says nothing about nvJPEG)."""
+    decode = DEVICE_DECODE or torchvision_decode
+    try:
+        (img,) = decode([torch.frombuffer(bytearray(PROBE_JPEG), dtype=torch.uint8)], torch.device(device))
+    except Exception as exc:      # MissingPackageError, or the operator missing/failing on the device
+        return False, f"{type(exc).__name__}: {exc}".splitlines()[0]
+    if tuple(img.shape) != (3, 8, 8):
+        return False, f"the probe JPEG decoded to shape {tuple(img.shape)}, not (3, 8, 8)"
+    return True, "decodes on the device"
+
+
 def available() -> bool:
-    """Whether ``auto`` may pick the device path: CUDA is there and torchvision imports."""
+    """Whether ``auto`` may pick the device path: CUDA is there and the device decode operator
+    decodes a JPEG there (:func:`probe`)."""
     if not torch.cuda.is_available():
         return False
-    try:
-        import torchvision.io  # noqa: F401
-    except Exception:
-        return False
-    return True
+    return probe()[0]
+
+
+def byte_tensor(blob) -> torch.Tensor:
+    """A stored JPEG as the 1-D uint8 CPU tensor torchvision's decoder takes: a writable uint8
+    NumPy array as it is (shared, no copy); anything else copied once."""
+    if isinstance(blob, np.ndarray) and blob.dtype == np.uint8 and blob.ndim == 1 and blob.flags.writeable \
+            and blob.flags.c_contiguous:
+        return torch.from_numpy(blob)
+    return torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+
+
+def take(x: torch.Tensor) -> torch.Tensor:
+    """Consumer side of a batch decoded on the device (any other batch passes as it is): the
+    consumer's current stream waits for the decode's event (on the device, the host does not
+    block), and the batch's memory is marked as used by that stream."""
+    ready = getattr(x, "decoded_event", None)
+    if ready is None:
+        return x
+    from hpctrain.comm import streams
+    api = streams.API
+    consumer = api.current_stream(x.device)
+    consumer.wait_event(ready)
+    api.record_stream(x, consumer)
+    delattr(x, "decoded_event")
+    return x
 
 
 def resolve(decode: str, *, raw: bool, whole: bool, node: bool, device=None) -> str:
@@ -90,20 +153,31 @@ class DeviceCropDecoder:
     :class:`~hpctrain.data.decodepool.CropDecoder`: the CPU path's plan)."""
 
     def __init__(self, planner, device: torch.device):
+        from hpctrain.comm import streams
         self.planner, self.device = planner, torch.device(device)
         self.shape = planner.shape
+        self.api = streams.API if streams.API.handles(self.device) else None
+        self.stream = self.api.Stream(self.device) if self.api is not None else None   # the loader's own
 
     def decode(self, blobs, train: bool, **kw) -> torch.Tensor:
+        """The batch on the device; on a stream of the loader's own, with ``decoded_event`` set
+        for the consumer (:func:`take`) instead of a host wait."""
         _, boxes = self.planner.plan(blobs, train, **kw)
-        data = [torch.from_numpy(np.frombuffer(bytes(b) if not isinstance(b, bytes) else b, np.uint8).copy())
-                for b in blobs]
-        images = self._decode(data)
+        data = [byte_tensor(b) for b in blobs]
+        if self.api is None:
+            return self._cut(self._decode(data), boxes)
+        with self.api.stream(self.stream):
+            x = self._cut(self._decode(data), boxes)
+            ready = self.api.Event()
+            ready.record(self.stream)
+        x.decoded_event = ready     # type: ignore[attr-defined]  # read (and dropped) by take()
+        return x
+
+    def _cut(self, images: list, boxes: list) -> torch.Tensor:
         c, h, w = self.shape
         x = crop_resize(images, boxes, h, w)
         if c == 1:        # libjpeg's luma (Y of YCbCr), what the CPU path decodes a grey sample to
             x = (x.float() * LUMA.to(x.device).view(1, 3, 1, 1)).sum(1, keepdim=True).round_().to(torch.uint8)
-        if self.device.type == "cuda":      # handed to another thread: finished before it is queued
-            torch.cuda.current_stream(self.device).synchronize()
         return x
 
     def _decode(self, data: list) -> list:

@@ -107,8 +107,9 @@ class _Prefetcher:
 
 def host_tensor(a: np.ndarray, pin: bool) -> torch.Tensor:
     """``a`` as a tensor of its own dtype, copied into page-locked memory when ``pin`` (a tensor
-    already on a device, from the GPU decode, as it is)."""
-    if isinstance(a, torch.Tensor) and a.device.type != "cpu":
+    already on a device, from the GPU decode, or a contiguous one not to pin, as it is: the same
+    object, with what the decode attached to it)."""
+    if isinstance(a, torch.Tensor) and (a.device.type != "cpu" or (not pin and a.is_contiguous())):
         return a
     t = torch.from_numpy(np.ascontiguousarray(a))
     return t.pin_memory() if pin else t

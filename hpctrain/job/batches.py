@@ -7,13 +7,16 @@ from typing import TypeVar
 
 import torch
 
+from hpctrain.data import gpudecode
 from hpctrain.ops.metrics import StepTimer
 
 Item = TypeVar("Item")
 
 
 def to_device(x: torch.Tensor, y: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """A batch on ``device`` (asynchronous from pinned memory; on the CPU the tensors themselves)."""
+    """A batch on ``device`` (asynchronous from pinned memory; on the CPU the tensors themselves;
+    decoded there already: ordered after its decode, :func:`hpctrain.data.gpudecode.take`)."""
+    x = gpudecode.take(x)
     if device.type == "cpu":
         return x, y
     return x.to(device, non_blocking=True), y.to(device, non_blocking=True)

@@ -4,7 +4,6 @@ Collective."""
 from __future__ import annotations
 
 import itertools
-import math
 import time
 from dataclasses import dataclass, field
 
@@ -16,10 +15,10 @@ from hpctrain.job.batches import device_batches
 from hpctrain.data import eval_batches, eval_prep
 from hpctrain.data.plan import block_range
 from hpctrain.job.setup import Job
-from hpctrain.ops.finite import NO_SAMPLE, check_result, first_nonfinite
+from hpctrain.ops.finite import NO_SAMPLE, check_result
 from hpctrain.ops.metrics import MetricsLog, gpu_time
 from hpctrain.models.polish import recompute_bn_stats
-from hpctrain.models.scores import TOP_K, has_top_k, top_k_correct
+from hpctrain.models.scores import Scores, has_top_k
 
 
 @dataclass
@@ -38,8 +37,7 @@ def evaluate(job: Job, batch_size: int = 256) -> dict:
     """Exact accuracy and mean loss over the whole test split (each rank scores its share); with
     ``test_nonfinite_sample``, the first sample whose loss is not finite, if any (:mod:`~hpctrain.ops.finite`)."""
     topo = job.topo
-    correct = top_k = loss_sum = count = 0.0
-    first_bad, pos = NO_SAMPLE, block_range(job.test_set.num_samples, topo.size, topo.rank)[0]
+    scores = Scores(job.device, block_range(job.test_set.num_samples, topo.size, topo.rank)[0])
     # every rank scores the same model: the update in flight done, rank 0's BN statistics
     pool = job.loader.jpeg.pool if job.loader.jpeg else None            # JPEG: the training loader's decode pool
     batches = eval_batches(job.test_set, rank=topo.rank, size=topo.size, batch_size=batch_size, raw=job.raw,
@@ -47,17 +45,11 @@ def evaluate(job: Job, batch_size: int = 256) -> dict:
     prep = eval_prep(job.test_set) if job.raw else None
     with job.trainer.evaluation() as model, torch.no_grad():
         for x, y in device_batches(batches, job.device, prep):
-            out = model(x)
-            losses = torch.nn.functional.cross_entropy(out, y, reduction="none")
-            batch_loss = float(losses.sum())
-            if not math.isfinite(batch_loss) and first_bad == NO_SAMPLE:
-                first_bad = first_nonfinite(losses, pos)
-            loss_sum += batch_loss
-            correct += float((out.argmax(1) == y).sum())
-            top_k += top_k_correct(out, y, TOP_K)
-            count += len(y)
-            pos += len(y)
-    correct, top_k, loss_sum, count = comm_lib.allreduce_sum([correct, top_k, loss_sum, count], topo.comm)
+            scores.add(model(x), y)         # totals stay on the device: read once below
+    totals = scores.read()
+    first_bad = totals.first_bad
+    correct, top_k, loss_sum, count = comm_lib.allreduce_sum(
+        [totals.correct, totals.top_k, totals.loss_sum, totals.count], topo.comm)
     result = {"test_accuracy": correct / count, "test_loss": loss_sum / count, "test_samples": int(count)}
     if has_top_k(job.test_set.index.num_classes):
         result["test_top5_accuracy"] = top_k / count

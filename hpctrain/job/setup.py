@@ -19,6 +19,7 @@ from mpi4py import MPI
 from hpctrain import kernels
 from hpctrain.job import gpu_settings
 from hpctrain.api import bind_device
+from hpctrain.comm.threads import overlap_unsupported
 from hpctrain.config.plugins import plugin_options
 from hpctrain.config.values import matching_options
 from hpctrain.data import ShardLoader, ShardSet, eval_batches, open_split, read_index, train_loader
@@ -215,6 +216,9 @@ def _model_and_optimizer(cfg: Config, index, loader, device: torch.device):
     why = compute_unsupported(cfg.precision.compute, device)
     if why:
         raise ConfigError(f"config precision.compute: {why}")
+    why = overlap_unsupported(cfg.comm.overlap, device)
+    if why:
+        raise ConfigError(f"config {why}")
     torch.manual_seed(cfg.train.seed)
     m = cfg.model
     try:

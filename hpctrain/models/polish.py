@@ -65,15 +65,18 @@ def recompute_bn_stats(model: nn.Module, batches: Iterable[Any], comm: MPI.Comm,
     keep their statistics. Training mode, momentum and ``num_batches_tracked`` are restored.
     """
     layers = bn_layers(model)
-    sums = [torch.zeros(2 * bn.num_features + 1, dtype=torch.float64) for bn in layers]
+    # on each layer's device: the sums stay there and cross to the host once, after the last
+    # batch (two copies per layer per batch made the host wait for the device at every layer)
+    sums = [torch.zeros(2 * bn.num_features + 1, dtype=torch.float64, device=_buffers(bn)[0].device)
+            for bn in layers]
 
     def make_hook(acc: torch.Tensor, n_ch: int):
         def hook(_module, args):
             x = args[0].detach()
             dims = [0] + list(range(2, x.dim()))
             x64 = x.to(torch.float64)
-            acc[:n_ch] += x64.sum(dims).cpu()
-            acc[n_ch:2 * n_ch] += (x64 * x64).sum(dims).cpu()
+            acc[:n_ch] += x64.sum(dims)
+            acc[n_ch:2 * n_ch] += (x64 * x64).sum(dims)
             acc[2 * n_ch] += x.numel() // n_ch
         return hook
 
@@ -96,8 +99,8 @@ def recompute_bn_stats(model: nn.Module, batches: Iterable[Any], comm: MPI.Comm,
             bn.momentum = momentum
             _buffers(bn)[2].copy_(tracked)
 
-    flat = np.ascontiguousarray(
-        torch.cat(sums + [torch.tensor([float(n_local)], dtype=torch.float64)]).numpy())
+    on_host = torch.cat([acc.to(sums[0].device) for acc in sums]).cpu() if sums else torch.zeros(0, dtype=torch.float64)
+    flat = np.ascontiguousarray(torch.cat([on_host, torch.tensor([float(n_local)], dtype=torch.float64)]).numpy())
     comm.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
     _assign(layers, flat)
     return int(flat[-1])

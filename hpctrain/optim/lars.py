@@ -32,8 +32,11 @@ kernels per layer on a GPU - except where ``kernels.lars_update`` can run it: fp
 tensors with momentum, weight, gradient and momentum laid out alike (contiguous, or all
 channels_last: the buckets give a channels_last parameter a channels_last gradient
 view), and CuPy present (``kernels.backend()``), one launch for all
-tensors of a group (``LARS.update_backend`` says which; ``fused_update=True`` forces it, e.g.
-onto its CPU reference in tests, ``False`` never uses it).
+tensors of a group (``LARS.update_backend`` says which was chosen, ``LARS.ran`` what the last
+step ran; ``fused_update=True`` forces it, e.g. onto its CPU reference in tests, ``False``
+never uses it). CUDA tensors without CuPy take ``torch._foreach_norm`` for the norms too: the
+kernels' torch reference would make one dot product per tensor and copy every channels_last
+weight.
 
 As ``optim.name = "lars"`` (the end of this file): its options ``[optim.lars]`` (``eta``, ``eps``,
 ``clip``: the factory's annotated keywords), its row of the large-batch recipe and, where lr or
@@ -78,12 +81,23 @@ def _foreach_norms(tensors: list[torch.Tensor]) -> torch.Tensor:
     return torch.stack(torch._foreach_norm(tensors))
 
 
-def _kernels_norms(fn) -> NormsFn:
-    """Adapt ``kernels.multi_tensor_sq_norms`` (fp32 only) to ``NormsFn``; other dtypes or
-    non-contiguous tensors go to ``torch._foreach_norm``."""
+def _kernels_on_device() -> bool:
+    """Do device tensors run the CuPy kernels (else the kernels' torch reference would run)?"""
+    from hpctrain import kernels
+    return kernels.backend()[0] == "cuda"
+
+
+def _kernels_norms(fn, on_device: Callable[[], bool] = _kernels_on_device) -> NormsFn:
+    """Adapt ``kernels.multi_tensor_sq_norms`` (fp32 only) to ``NormsFn``; other dtypes,
+    non-dense tensors, and device tensors where CuPy cannot run the kernel go to
+    ``torch._foreach_norm`` (the kernel's reference there would be one dot product per tensor
+    and a copy of every channels_last weight). ``norms.ran`` says which ran last."""
     def norms(tensors: list[torch.Tensor]) -> torch.Tensor:
-        if not all(t.dtype == torch.float32 and dense(t) for t in tensors):
+        on_cpu = tensors[0].device.type == "cpu"
+        if not all(t.dtype == torch.float32 and dense(t) for t in tensors) or not (on_cpu or on_device()):
+            norms.ran = "torch._foreach_norm"   # type: ignore[attr-defined]
             return _foreach_norms(tensors)
+        norms.ran = "kernels.multi_tensor_sq_norms"     # type: ignore[attr-defined]
         per_tensor_sq, _global_norm = fn(tensors)
         if isinstance(per_tensor_sq, (list, tuple)):
             per_tensor_sq = torch.stack([torch.as_tensor(x, dtype=tensors[0].dtype)
@@ -107,7 +121,9 @@ def resolve_norms_fn(prefer_kernels: bool = True) -> tuple[NormsFn, str]:
             from hpctrain.kernels import multi_tensor_sq_norms
         except ImportError as exc:
             return _foreach_norms, f"torch._foreach_norm (kernels not used: {exc})"
-        return _kernels_norms(multi_tensor_sq_norms), "kernels.multi_tensor_sq_norms"
+        return (_kernels_norms(multi_tensor_sq_norms),
+                "kernels.multi_tensor_sq_norms for fp32 CPU tensors and CUDA tensors with CuPy, "
+                "else torch._foreach_norm")
     return _foreach_norms, "torch._foreach_norm"
 
 
@@ -163,6 +179,12 @@ class LARS(Optimizer):
         self._norms = norms_fn
         self.fused_update = fused_update
         self._lars_update, self.update_backend = resolve_update_fn(fused_update)
+        self._ran: dict[str, set] = {"norms": set(), "update": set()}
+        self.ran: dict[str, str] = {"norms": "none", "update": "none"}
+        """What the last :meth:`step` ran (``norms``: ``kernels.multi_tensor_sq_norms`` /
+        ``torch._foreach_norm``; ``update``: ``kernels.lars_update`` / ``torch._foreach``;
+        several joined by ``+`` where groups differed): what a report should quote, where
+        ``norms_backend``/``update_backend`` say what was chosen at construction."""
 
     def _use_kernel(self, params: list, grads: list) -> bool:
         """Does ``kernels.lars_update`` take this group's update (module docstring)?"""
@@ -180,12 +202,14 @@ class LARS(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._ran = {"norms": set(), "update": set()}
         for group in self.param_groups:
             adapt, decay, skip = self._partition(group)
             lr, wd = group["lr"], group["weight_decay"]
             if adapt:
                 grads = [p.grad for p in adapt]
                 norms = self._norms(adapt + grads)
+                self._ran["norms"].add(getattr(self._norms, "ran", self.norms_backend))
                 n = len(adapt)
                 ratio = trust_ratio(norms[:n], norms[n:], group["eta"], wd, group["eps"],
                                     lr if group["clip"] else None)
@@ -194,6 +218,7 @@ class LARS(Optimizer):
                 self._update(group, decay, lr, wd)
             if skip:
                 self._update(group, skip, lr * group.get("lr_1d_scale", 1.0), 0.0)
+        self.ran = {k: "+".join(sorted(v)) or "none" for k, v in self._ran.items()}
         return loss
 
     @staticmethod
@@ -226,13 +251,13 @@ class LARS(Optimizer):
                 all(same_layout(p, v) for p, v in zip(params, bufs)):      # one launch for the whole group
             arg = torch.stack(step).to(torch.float32) if per_tensor else float(step)
             fused(params, grads, bufs, arg, wd, m, group["nesterov"])
+            self._ran["update"].add("kernels.lars_update")
             return
-        neg = [-s for s in step] if per_tensor else -step
-        shrink = [1.0 - wd * s for s in step] if per_tensor else 1.0 - wd * step
+        self._ran["update"].add("torch._foreach")
         if m == 0:                                   # w = w*(1 - step*wd) - step*g
             if wd:
-                torch._foreach_mul_(params, shrink)
-            _axpy_(params, grads, neg, per_tensor)
+                torch._foreach_mul_(params, _shrink(step, wd, per_tensor))
+            _axpy_(params, grads, _neg(step, per_tensor), per_tensor)
             return
         torch._foreach_mul_(bufs, m)                 # v = m*v + step*g + step*wd*w
         _axpy_(bufs, grads, step, per_tensor)
@@ -241,8 +266,8 @@ class LARS(Optimizer):
                    per_tensor)
         if group["nesterov"]:                        # w = w - u - m*v
             if wd:
-                torch._foreach_mul_(params, shrink)
-            _axpy_(params, grads, neg, per_tensor)
+                torch._foreach_mul_(params, _shrink(step, wd, per_tensor))
+            _axpy_(params, grads, _neg(step, per_tensor), per_tensor)
             torch._foreach_add_(params, bufs, alpha=-m)
         else:                                        # w = w - v
             torch._foreach_sub_(params, bufs)
@@ -252,6 +277,16 @@ class LARS(Optimizer):
         if "momentum_buffer" not in state:
             state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         return state["momentum_buffer"]
+
+
+def _neg(step, per_tensor: bool):
+    """-step per tensor (0-d device tensors: one small kernel each, so only where used)."""
+    return [-s for s in step] if per_tensor else -step
+
+
+def _shrink(step, wd: float, per_tensor: bool):
+    """1 - wd*step per tensor, the weight-decay factor (only where used)."""
+    return [1.0 - wd * s for s in step] if per_tensor else 1.0 - wd * step
 
 
 def _axpy_(ys: list, xs: list, a, per_tensor: bool) -> None:

@@ -20,7 +20,7 @@ from hpctrain import comm as comm_lib
 from hpctrain.data import BatchPrep, Normalize, ShardSet, eval_batches, read_index
 from hpctrain.data_tools.builtin import resolve_dataset
 from hpctrain.errors import UserError
-from hpctrain.models.scores import TOP_K, has_top_k, top_k_correct
+from hpctrain.models.scores import Scores, has_top_k
 from hpctrain.ops.agree import agree
 from hpctrain.saved.spec import SavedModelError
 from hpctrain.saved.weights import SavedWeights, build, run_weights
@@ -40,15 +40,13 @@ def mismatch(spec: dict, index, where: str) -> str | None:
 
 def score(model: torch.nn.Module, batches, comm: MPI.Comm, num_classes: int) -> dict:
     """Collective: top-1, top-5 (more than 5 classes) and mean loss of ``model`` over every rank's batches."""
-    correct = top_k = loss_sum = count = 0.0
+    scores = Scores(torch.device("cpu"))
     with torch.no_grad():
         for x, y in batches:
-            out = model(x)
-            loss_sum += float(torch.nn.functional.cross_entropy(out, y, reduction="sum"))
-            correct += float((out.argmax(1) == y).sum())
-            top_k += top_k_correct(out, y, TOP_K)
-            count += len(y)
-    correct, top_k, loss_sum, count = comm_lib.allreduce_sum([correct, top_k, loss_sum, count], comm)
+            scores.add(model(x), y)
+    totals = scores.read()
+    correct, top_k, loss_sum, count = comm_lib.allreduce_sum(
+        [totals.correct, totals.top_k, totals.loss_sum, totals.count], comm)
     result = {"top1": correct / count if count else 0.0, "loss": loss_sum / count if count else 0.0,
               "samples": int(count)}
     if has_top_k(num_classes):

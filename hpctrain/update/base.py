@@ -19,7 +19,7 @@ import torch
 
 from hpctrain.ops.metrics import NULL_TIMER, Timer
 from hpctrain.config.registries import Registry
-from hpctrain.update.guard import NonFiniteGuard, grad_sync_comm
+from hpctrain.update.guard import NonFiniteGuard, flag_needed, grad_sync_comm
 
 # ``update.algorithm``: each algorithm's module registers its class (ssgd first: the default).
 ALGORITHMS: Registry[type[UpdateAlgorithm]] = Registry("update.algorithm", "algorithm", sort_choices=False)
@@ -75,8 +75,18 @@ class UpdateAlgorithm(abc.ABC):
     def step(self, compute_loss: Callable[[], torch.Tensor]) -> StepResult:
         """One step; ``compute_loss`` runs the forward pass and returns the loss."""
 
+    def grad_flag_needed(self) -> bool:
+        """Must this step read the gradient sync's overflow flag (:func:`~hpctrain.update.guard.flag_needed`:
+        a loss scaler, fp16 on the wire, or a weight check that is not lazy)?"""
+        assert self.guard is not None
+        lazy = self.guard.lazy
+        if lazy is None:
+            lazy = bool(self.params) and self.params[0].device.type != "cpu"
+        return flag_needed(self.scaler, self.grad_sync, lazy)
+
     def apply_mean(self, step: int, overflow: bool, scale: float, loss: torch.Tensor,
-                   own_grads_finite: Callable[[], bool], lrs: list[float] | None = None) -> bool:
+                   own_grads_finite: Callable[[], bool], lrs: list[float] | None = None,
+                   checked: bool = True) -> bool:
         """``p.grad`` holds the agreed mean of step ``step``'s gradients (backward ran at loss
         scale ``scale``; ``overflow``: the same on every rank). Update, or skip on every rank;
         returns skipped.
@@ -86,6 +96,7 @@ class UpdateAlgorithm(abc.ABC):
         raises :class:`~hpctrain.update.guard.NonFiniteError` or counts a wire skip
         (``own_grads_finite()``: this rank's own verdict, asked only then). The optimiser runs
         at ``lrs`` (those of ``step``; None: the current ones), then the weights are checked.
+        ``checked`` False: ``overflow`` was not read (:meth:`grad_flag_needed`).
         """
         if self.scaler:
             self.scaler.update(overflow)
@@ -99,7 +110,7 @@ class UpdateAlgorithm(abc.ABC):
         with self.timer.span("optimizer"), group_lrs(self.optimizer, lrs):
             self.optimizer.step()
             assert self.guard is not None
-            self.guard.applied(step, self.params)
+            self.guard.applied(step, self.params, grads_checked=checked)
         return False
 
     def finish(self) -> None:

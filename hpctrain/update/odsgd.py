@@ -206,8 +206,9 @@ class ODSGD(UpdateAlgorithm):
         with self.timer.span("allreduce"):
             while not self.grad_sync.poll_reduction():   # a polite wait: on a shared core the ranks
                 os.sched_yield()                   # the ring waits for get to run (MPI would spin)
-            found_inf = self.grad_sync.finish(scatter=False)
-            self.guard.settle()                    # the last global update's weight flag
+            check = self.grad_flag_needed()
+            found_inf = self.grad_sync.finish(scatter=False, check=check)
+            self.guard.poll()                      # the last global update's weight flag
             local_grads = [p.grad for p in self.params]
             self.grad_sync.scatter_means()              # p.grad: views of the means (no copy)
         rnd, self._round = self._round, None
@@ -215,7 +216,7 @@ class ODSGD(UpdateAlgorithm):
         overflow = agreed_overflow(found_inf, self.params)
         try:                        # this rank's own verdict: ŵ (in _store) is finite iff g was
             return self.apply_mean(rnd.step, overflow, rnd.scale, rnd.loss,
-                                   lambda: all_finite(self._store), lrs=rnd.lrs)
+                                   lambda: all_finite(self._store), lrs=rnd.lrs, checked=check)
         finally:
             for p, g in zip(self.params, local_grads):
                 p.grad = g

@@ -34,14 +34,15 @@ class SSGD(UpdateAlgorithm):
             loss = compute_loss()
         with self.timer.span("backward"):
             (loss * self.scaler.scale if self.scaler else loss).backward()
-        with self.timer.span("allreduce"):
-            overflow = bool(self.grad_sync.finish(scatter=False))   # starts the round; p.grad: still this rank's own
+        check = self.grad_flag_needed() if self.guard is not None else True
+        with self.timer.span("allreduce"):      # starts the round; p.grad: still this rank's own
+            overflow = bool(self.grad_sync.finish(scatter=False, check=check))
         if self.guard is not None:
-            self.guard.settle()     # the last update's weight flag: computed long ago by now
+            self.guard.poll()       # the last update's weight flag, where reading costs no stall
             if not overflow:
                 self.grad_sync.scatter_means()                      # p.grad: views of the means
         scale = self.scaler.scale if self.scaler else 1.0
         # on overflow p.grad still holds this rank's own gradients: its verdict for the guard
         skipped = self.apply_mean(step, overflow, scale, loss.detach(),
-                                  lambda: all_finite(p.grad for p in self.params))
+                                  lambda: all_finite(p.grad for p in self.params), checked=check)
         return StepResult(loss.detach(), skipped=skipped)

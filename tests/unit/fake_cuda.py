@@ -20,7 +20,7 @@ class FakeEvent:
 
     def query(self):
         self.api.log.append(("query", self.name))
-        return True
+        return self.api.landed
 
     def synchronize(self):
         self.api.log.append(("event sync", self.name))
@@ -48,6 +48,7 @@ class FakeCuda:
         self.compute = FakeStream(self, "compute")
         self.current = self.compute
         self.n_streams = 0
+        self.landed = True      # what an event query answers (False: the worst case, every wait blocks)
 
     def handles(self, device) -> bool:
         return True
@@ -72,6 +73,9 @@ class FakeCuda:
             self.current = before
             self.log.append(("exit", s.name))
 
+    def record_stream(self, t, s):
+        self.log.append(("record_stream", s.name))
+
     def host_read(self, flag):
         """A device flag read on the host: on a GPU the host waits for the stream (counted)."""
         self.log.append(("host read",))
@@ -80,6 +84,11 @@ class FakeCuda:
     @property
     def host_reads(self) -> int:
         return len(self.named("host read"))
+
+    @property
+    def host_waits(self) -> int:
+        """Everything that may block the host on a GPU: flag reads, event and stream syncs."""
+        return sum(len(self.named(kind)) for kind in ("host read", "event sync", "stream sync"))
 
     def named(self, kind):
         return [e for e in self.log if e[0] == kind]
