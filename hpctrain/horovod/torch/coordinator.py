@@ -194,7 +194,7 @@ class Coordinator:
         """Collect every rank's sig (some may have come during rank 0's previous call), judge,
         answer. Ranks whose call is parked are answered at once and asked again: their next
         call is what the others wait for."""
-        sigs: list[Sig | None] = [mine] + self._carried[1:]
+        sigs: list[Sig | None] = [mine, *self._carried[1:]]
         self._carried = [None] * self.size
         while True:
             verdict = self._judge_all(sigs)
