@@ -44,6 +44,7 @@ from hpctrain.data.factory import DECODES, READERS
 from hpctrain.data.hdf5 import DRIVERS
 from hpctrain.data.shards import VERIFY_MODES
 from hpctrain.errors import ConfigError
+from hpctrain.models.compiled import COMPILE_MODES
 from hpctrain.ops.collapse import ON_COLLAPSE
 from hpctrain.ops.tensorboard import tensorboard_missing
 from hpctrain.optim import OPTIMIZERS
@@ -93,6 +94,9 @@ class ModelConfig:
     name: str = opt("digits_cnn", "built-in model name or 'package.module:factory'")
     batchnorm: bool = opt(True, "use BatchNorm in the built-in small models")
     zero_init_residual: bool = opt(False, "zero-init the last BN gamma of each residual block")
+    compile: bool = opt(False, "torch.compile the model's forward after it is built and broadcast (in place: "
+                        "checkpoints keep the plain model's keys; a CPU needs a C++ compiler; docs/getting-started.md)")
+    compile_mode: str = opt("default", "torch.compile mode: {choices}", choices=COMPILE_MODES)
 
 
 @dataclass

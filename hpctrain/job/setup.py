@@ -27,6 +27,7 @@ from hpctrain.data_tools.builtin import resolve_dataset
 from hpctrain.errors import ConfigError, UserError, config_errors
 from hpctrain.job.config import Config
 from hpctrain.models import BUILTIN, ModelError, build_model, check_model_output
+from hpctrain.models.compiled import compile_model
 from hpctrain.ops.agree import agree, check_consistency, software_versions
 from hpctrain.ops.checkpoint import Checkpointer
 from hpctrain.ops.metrics import StepTimer, Timer, clock_for
@@ -100,6 +101,8 @@ def setup(cfg: Config, comm: MPI.Comm, stack: contextlib.ExitStack, done=None) -
     timer = StepTimer(clock=clock_for(device))     # CUDA events on a GPU (what the device spends)
     trainer = DistributedTrainer(model, optimizer, topo, **trainer_keywords(cfg), schedule=schedule, timer=timer)
     stack.push(on_agreed_exit(trainer.close))
+    if cfg.model.compile:     # after the broadcast, in place: hooks and state_dict keys stay the model's
+        _agreed(comm, compile_model, model, cfg.model.compile_mode, device.type)
     return Job(cfg, topo, trainer, loader, test_set, timer, device, raw,
                recipe_line or describe_lr(cfg.optim, loader.global_batch))
 

@@ -12,6 +12,7 @@ import torch
 from mpi4py import MPI
 
 from hpctrain.horovod.torch import buffers as B
+from hpctrain.horovod.torch.errors import HorovodInternalError
 
 
 class InFlight:
@@ -40,6 +41,26 @@ class InFlight:
             self.done = True
             self.result, self.finish, self.keep = self.finish(), None, ()
         return self.result
+
+
+class Parked(InFlight):
+    """A named async call this rank submitted while the others called ``barrier``: Horovod leaves
+    it pending and it never completes (nothing was posted). ``poll()`` stays False; ``wait()``
+    (``synchronize``) raises on this rank alone, where Horovod would wait for ever: no other
+    rank waits on it, so the error is this rank's to catch."""
+
+    __slots__ = ("line",)
+
+    def __init__(self, kind: str, name: str, rank: int):
+        super().__init__([], lambda: None)
+        self.line = (f"hpctrain.horovod: {kind} {name!r} was left pending on rank {rank}: the other ranks "
+                     "called barrier instead, so it never completes (as in Horovod); submit it on every rank")
+
+    def poll(self) -> bool:
+        return False
+
+    def wait(self) -> object:
+        raise HorovodInternalError(self.line)
 
 
 def post_allreduce(comm: MPI.Comm, tensor: torch.Tensor, output: torch.Tensor, op: int,

@@ -20,6 +20,11 @@ What rank 0 sees also gives two Horovod behaviours for free:
 * **join.** A rank that called ``join()`` submits ``join`` instead; rank 0 tells it which
   collective the others run, and it takes part with a neutral contribution (zeros for sums).
   When every rank has joined, each gets the last rank to join.
+* **A named async call the others never make.** Where some ranks submit a named
+  ``allreduce_async`` (``Sig.parkable``) and the rest a ``barrier``, Horovod's background thread
+  leaves the allreduce pending and runs the barrier. So does rank 0 here: the allreduce's ranks
+  are answered "parked" (their handle never completes) and the barrier's ranks keep waiting
+  until those ranks reach the barrier too. Any other difference stays a mismatch.
 
 Cost: two small messages per rank per collective through rank 0 (measured in docs/horovod.md);
 the gradient path of ``DistributedOptimizer`` agrees once per step, not per tensor.
@@ -52,6 +57,7 @@ class Sig(NamedTuple):
     root: int = -1
     extra: object = None
     problem: str = ""
+    parkable: bool = False      # a user-named *_async call: may stay pending while the others barrier
 
     def describe(self) -> str:
         parts = [self.kind, repr(self.name)]
@@ -82,6 +88,7 @@ class Verdict(NamedTuple):
     extras: tuple = ()
     last_joined: int = -1
     names: tuple = ()
+    parked: tuple = ()          # ranks whose (parkable) call is left pending; the others wait on
 
 
 def _ranks(rs) -> str:
@@ -106,6 +113,9 @@ def judge(sigs: list[Sig], refuse_joined: Callable[[Sig, tuple], str | None] = l
     groups: dict[tuple, list[int]] = {}
     for r, s in active:
         groups.setdefault(s.key(), []).append(r)
+    parked = _parked(active)
+    if parked:
+        return Verdict(parked=parked)
     if len(groups) > 1:
         by_rank = {r: s for r, s in active}
         what = "; ".join(f"{_ranks(rs)}: {by_rank[rs[0]].describe()}" for rs in groups.values())
@@ -120,6 +130,18 @@ def judge(sigs: list[Sig], refuse_joined: Callable[[Sig, tuple], str | None] = l
                                  f"joined: {why}", sig=sig, joined=joined)
     extras = tuple(s.extra for s in sigs) if sig.extra is not None else ()
     return Verdict(sig=sig, joined=joined, extras=extras)
+
+
+def _parked(active: list[tuple[int, Sig]]) -> tuple:
+    """The ranks whose named async call is left pending (Horovod's behaviour) because every other
+    active rank submitted a ``barrier``; () where that is not the case."""
+    kinds = {s.kind for _, s in active}
+    parked = tuple(r for r, s in active if s.parkable)
+    if "barrier" not in kinds or not parked:
+        return ()
+    if all(s.parkable or s.kind == "barrier" for _, s in active):
+        return parked
+    return ()
 
 
 def _env_seconds(name: str, default: float) -> float:
@@ -143,6 +165,7 @@ class Coordinator:
         # ends only the calling process, leaving a rank that never came running.
         self._abort = MPI.COMM_WORLD.Abort
         self._join_order: list[int] = []     # rank 0: ranks in the order they joined
+        self._carried: list[Sig | None] = [None] * self.size    # rank 0: sigs received, not yet judged
         self.n_agreed = 0
 
     def agree(self, sig: Sig) -> Verdict:
@@ -156,6 +179,8 @@ class Coordinator:
             verdict = judge([sig], self.refuse_joined)
         else:
             verdict = self._coordinate(sig) if self.rank == 0 else self._ask(sig)
+        if self.rank in verdict.parked:
+            return verdict
         if verdict.error and sig.kind != "join":
             speaker = min(r for r in range(self.size) if r not in verdict.joined)
             cls = CollectiveArgumentError if verdict.error_kind == "argument" else CollectiveMismatchError
@@ -166,9 +191,32 @@ class Coordinator:
 
     # --- rank 0 -------------------------------------------------------------------------------
     def _coordinate(self, mine: Sig) -> Verdict:
-        sigs: list[Sig | None] = [mine] + [None] * (self.size - 1)
+        """Collect every rank's sig (some may have come during rank 0's previous call), judge,
+        answer. Ranks whose call is parked are answered at once and asked again: their next
+        call is what the others wait for."""
+        sigs: list[Sig | None] = [mine, *self._carried[1:]]
+        self._carried = [None] * self.size
+        while True:
+            verdict = self._judge_all(sigs)
+            if not verdict.parked:
+                break
+            for r in verdict.parked:
+                if r != 0:
+                    self.comm.send(verdict, dest=r, tag=TAG_VERDICT)
+                sigs[r] = None
+            if 0 in verdict.parked:             # the others' sigs wait for rank 0's next call
+                self._carried = sigs
+                return verdict
+        for r in range(1, self.size):
+            self.comm.send(verdict, dest=r, tag=TAG_VERDICT)
+        return verdict
+
+    def _judge_all(self, sigs: list[Sig | None]) -> Verdict:
+        """Wait for the sigs still missing (stall warning and shutdown), then :func:`judge`."""
+        mine = sigs[0]
+        assert mine is not None
         t0, warned = time.monotonic(), False
-        missing = self.size - 1
+        missing = sum(s is None for s in sigs)
         pause = _Backoff()
         while missing:
             status = MPI.Status()
@@ -195,11 +243,9 @@ class Coordinator:
             if s.kind == "join" and r not in self._join_order:
                 self._join_order.append(r)
         verdict = judge(got, self.refuse_joined)
-        if verdict.error is None and len(verdict.joined) == self.size:
+        if verdict.error is None and not verdict.parked and len(verdict.joined) == self.size:
             verdict = verdict._replace(last_joined=self._join_order[-1])
             self._join_order = []
-        for r in range(1, self.size):
-            self.comm.send(verdict, dest=r, tag=TAG_VERDICT)
         return verdict
 
     # --- every other rank ---------------------------------------------------------------------

@@ -64,11 +64,20 @@ def post(ps: ProcessSet, kind: str, agreed_name: str, held, start) -> int:
     return register(start(), kind, agreed_name, ps.process_set_id or 0, hold=bool(held), t0=t0)
 
 
+def park(ps: ProcessSet, kind: str, name: str) -> int:
+    """The handle of a named call the other ranks met with ``barrier``: pending for good, its
+    name held, as in Horovod (:class:`~.collectives.Parked`)."""
+    return register(C.Parked(kind, name, ps.rank()), kind, name, ps.process_set_id or 0, hold=True)
+
+
 # --- allreduce -----------------------------------------------------------------------------
-def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set) -> int:
+def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set,
+                     parkable=False) -> int:
     ps = resolve(process_set)
     B.check(tensor)
-    _, agreed = agree_on(ps, "allreduce", name, tensor, op)
+    verdict, agreed = agree_on(ps, "allreduce", name, tensor, op, parkable=parkable)
+    if verdict.parked:
+        return park(ps, "allreduce", agreed)
     return post(ps, "allreduce", agreed, name, lambda: C.post_allreduce(
         ps.comm, tensor, output, op, prescale_factor, postscale_factor))
 
@@ -78,14 +87,15 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     """Start averaging (or ``op``-reducing) ``tensor`` over the set; the input is not modified."""
     op = op_of(op, average)
     return _allreduce_async(tensor, torch.empty_like(tensor), name, op, prescale_factor,
-                            postscale_factor, process_set)
+                            postscale_factor, process_set, parkable=bool(name))
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set) -> int:
     """In-place :func:`allreduce_async`."""
     op = op_of(op, average)
-    return _allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor, process_set)
+    return _allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor, process_set,
+                            parkable=bool(name))
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,

@@ -11,8 +11,10 @@ synthetic data, per-rank batch ``--batch``. Contenders (``--configs``):
               baseline of every ratio); ``horovod`` (``hvd.DistributedOptimizer``) when
               ``horovod.torch`` imports;
 * hpctrain ``DistributedTrainer``: ``default`` (``CommConfig``'s defaults, what a user who sets
-              nothing runs), and ``STRATEGY[+fp16][+overlap]`` (e.g. ``flat``,
-              ``hierarchical+overlap``, ``flat+fp16``).
+              nothing runs), and ``STRATEGY[+fp16][+overlap][+compile]`` (e.g. ``flat``,
+              ``hierarchical+overlap``, ``flat+fp16``); ``+compile`` is ``model.compile = true``:
+              the model's forward compiled in place after the trainer's broadcast, as the job
+              does (``default+compile``: the compiled row). Its compile happens in the warm-up.
 
 Where (``--device``, default ``auto``): on a GPU node every rank's model, data, optimiser state
 and DDP live on its GPU (``hpctrain.api.bind_device``; DDP with ``device_ids``, gloo moving
@@ -47,11 +49,12 @@ from hpctrain.tools.bench.report import run_mpi_bench
 from hpctrain.job.config import CommConfig
 from hpctrain.errors import ConfigError
 from hpctrain.models import build_model
+from hpctrain.models.compiled import compile_model
 from hpctrain.topology import Topology
 from hpctrain.trainer import DistributedTrainer
 
 DEFAULT_MODELS = "digits_cnn,resnet20,mlp"
-DEFAULT_CONFIGS = ("nocomm,ddp,horovod,default,flat,flat+overlap,hierarchical,hierarchical+overlap,"
+DEFAULT_CONFIGS = ("nocomm,ddp,horovod,default,default+compile,flat,flat+overlap,hierarchical,hierarchical+overlap,"
                    "flat+fp16,flat+fp16+overlap")
 CPU = torch.device("cpu")
 INPUTS = {"digits_cnn": (1, 8, 8), "resnet20": (3, 32, 32), "mlp": (1, 8, 8)}
@@ -75,17 +78,18 @@ def make_model(name: str) -> nn.Module:
 
 
 def parse_config(name: str) -> dict:
-    """``default`` -> CommConfig's defaults; ``flat+fp16+overlap`` -> strategy, compression, overlap."""
+    """``default`` -> CommConfig's defaults; ``flat+fp16+overlap`` -> strategy, compression, overlap;
+    ``+compile`` adds ``compile: True`` (the model compiled, :func:`build`)."""
     d = CommConfig()
-    if name == "default":
-        return {"strategy": d.strategy, "compression": d.compression, "overlap": d.overlap,
-                "bucket_mb": d.bucket_mb}
     strategy, *flags = name.split("+")
-    unknown = set(flags) - {"fp16", "overlap"}
+    unknown = set(flags) - {"fp16", "overlap", "compile"}
     if unknown:
-        raise ValueError(f"--configs: unknown flag(s) {sorted(unknown)} in {name!r} (fp16, overlap)")
-    return {"strategy": strategy, "compression": "fp16" if "fp16" in flags else "none",
-            "overlap": "overlap" in flags, "bucket_mb": d.bucket_mb}
+        raise ValueError(f"--configs: unknown flag(s) {sorted(unknown)} in {name!r} (fp16, overlap, compile)")
+    default = strategy == "default"
+    options = {"strategy": d.strategy if default else strategy,
+               "compression": "fp16" if "fp16" in flags else d.compression if default else "none",
+               "overlap": "overlap" in flags or (default and d.overlap), "bucket_mb": d.bucket_mb}
+    return {**options, "compile": True} if "compile" in flags else options
 
 
 def horovod_available() -> bool:
@@ -138,7 +142,10 @@ def build(name: str, base: nn.Module, topo: Topology, dist, device=CPU) -> Conte
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         return Contender(name, model, plain_step(model, opt, loss_fn))
     options = parse_config(name)
+    compiled = options.pop("compile", False)
     trainer = DistributedTrainer(model, sgd(model), topo, loss_fn=loss_fn, **options)
+    if compiled:                           # after the broadcast, in place, as the job does
+        compile_model(model, "default", device.type)
     text = getattr(trainer.grad_sync, "describe", lambda: "")()     # as built, before any step
     return Contender(name, model, trainer.step, trainer.close, describe=(lambda: text) if text else None)
 
@@ -236,7 +243,7 @@ def format_table(rows) -> str:
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="hpctrain bench step", description=__doc__.split("\n")[0])
     add_round_args(p, DEFAULT_MODELS, INPUTS, configs=(DEFAULT_CONFIGS, "comma-separated contenders: nocomm, ddp, "
-                                                      "horovod, default, STRATEGY[+fp16][+overlap]"))
+                                                      "horovod, default, STRATEGY[+fp16][+overlap][+compile]"))
     p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"),
                    help="where the models train: auto (the rank's GPU when torch sees one, else the CPU)")
     return check_round_args(p, p.parse_args(argv), INPUTS,
