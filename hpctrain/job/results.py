@@ -49,7 +49,7 @@ def evaluate(job: Job, batch_size: int = 256) -> dict:
     totals = scores.read()
     first_bad = totals.first_bad
     correct, top_k, loss_sum, count = comm_lib.allreduce_sum(
-        [totals.correct, totals.top_k, totals.loss_sum, totals.count], topo.comm)
+        [totals.correct, totals.top_k, totals.loss_sum, totals.samples], topo.comm)
     result = {"test_accuracy": correct / count, "test_loss": loss_sum / count, "test_samples": int(count)}
     if has_top_k(job.test_set.index.num_classes):
         result["test_top5_accuracy"] = top_k / count

@@ -35,7 +35,7 @@ class Totals(NamedTuple):
     correct: float
     top_k: float
     loss_sum: float
-    count: float
+    samples: float
     first_bad: int
 
 

@@ -46,7 +46,7 @@ def score(model: torch.nn.Module, batches, comm: MPI.Comm, num_classes: int) -> 
             scores.add(model(x), y)
     totals = scores.read()
     correct, top_k, loss_sum, count = comm_lib.allreduce_sum(
-        [totals.correct, totals.top_k, totals.loss_sum, totals.count], comm)
+        [totals.correct, totals.top_k, totals.loss_sum, totals.samples], comm)
     result = {"top1": correct / count if count else 0.0, "loss": loss_sum / count if count else 0.0,
               "samples": int(count)}
     if has_top_k(num_classes):
