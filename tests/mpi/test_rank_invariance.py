@@ -1,9 +1,10 @@
 """The same run at any rank count, in MPI: with data.lanes fixed, augmentation on and
 model.bn_group set, the first 20 steps' global losses at this rank count equal one process's
 (computed here, with the global batch, plain torch) to 1e-5, in float64 (in float32 the
-reassociated gradient sums alone make the losses drift apart by ~1e-3 within 20 steps: docs/data.md); and a run stopped here and resumed
-on half the ranks (a sub-communicator: the real Checkpointer and trainer, no launch) continues the
-same leg with the same samples and losses. Run at -n 1, 2 and 4."""
+reassociated gradient sums alone make the losses drift apart by ~1e-3 within 20 steps:
+docs/data.md); and a run stopped here and resumed on half the ranks (a sub-communicator: the
+real Checkpointer and trainer, no launch) continues the same leg with the same samples and
+losses. Run at -n 1, 2 and 4."""
 import numpy as np
 import pytest
 import torch
@@ -53,16 +54,19 @@ def batches(ld, start, count):
 
 @pytest.fixture(scope="module")
 def reference(digits_dir):
-    """One process, the global batch, plain torch: losses of steps 0..2·STEPS and the model at STEPS."""
-    m, losses = model(), []
-    opt = sgd(m)
-    for step, (x, y) in enumerate(batches(loader(digits_dir, 0, 1), 0, 2 * STEPS)):
-        opt.zero_grad()
-        loss = F.cross_entropy(m(x), y)
-        loss.backward()
-        opt.step()
-        losses.append(float(loss))
-    return losses
+    """One process, the global batch, plain torch: the losses of steps 0..2·STEPS (rank 0 computes,
+    the others receive them)."""
+    losses = []
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        m = model()
+        opt = sgd(m)
+        for x, y in batches(loader(digits_dir, 0, 1), 0, 2 * STEPS):
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(float(loss))
+    return MPI.COMM_WORLD.bcast(losses, root=0)
 
 
 class _Freed:
