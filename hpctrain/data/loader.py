@@ -171,7 +171,8 @@ class ShardLoader:
         raw = (f"; raw {self.shards.index.dtype} batches{' (pinned)' if self.pin else ''}, normalised on the device"
                if self.raw else "")
         jpeg = f"; {self.jpeg.describe()}" if self.jpeg else ""
-        return (f"{mode}; {self.shards.describe()}; augment {self.transform or 'off'}; prefetch {self.prefetch}"
+        lanes = f"; {self.lanes} data lanes, {self.lanes // self.size} per rank" if self.lanes != self.size else ""
+        return (f"{mode}{lanes}; {self.shards.describe()}; augment {self.transform or 'off'}; prefetch {self.prefetch}"
                 f"{jpeg}{raw}")
 
     def runs(self, epoch: int, lane: int) -> Iterator[tuple[int, int]]:

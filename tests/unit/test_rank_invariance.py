@@ -74,6 +74,7 @@ def test_augmented_global_batches_are_bitwise_the_same_at_1_2_4_ranks(digits_dir
 def test_default_lanes_are_one_per_rank_and_refusals_name_the_setting(digits_dir):
     s = ShardSet(read_index(digits_dir), "train")
     assert ShardLoader(s, rank=0, size=4, batch_size=8).lanes == 4
+    assert "8 data lanes, 2 per rank" in ShardLoader(s, rank=0, size=4, batch_size=8, lanes=8).describe()
     with pytest.raises(ValueError, match="3 ranks do not divide its 8 lanes"):
         ShardLoader(s, rank=0, size=3, batch_size=8, lanes=8)
     cfg = Config()
