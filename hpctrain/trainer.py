@@ -23,6 +23,8 @@ from torch import nn
 from hpctrain import comm as comm_lib
 from hpctrain import update as update_lib
 from hpctrain.comm.threads import overlap_unsupported
+
+from hpctrain.models.ghostbn import averaged_buffers
 from hpctrain.ops.metrics import NULL_TIMER, StepTimer, Timer
 from hpctrain.optim import set_lr
 from hpctrain.optim.schedules import ScheduleSpec, lr_at
@@ -78,7 +80,9 @@ class DistributedTrainer:
         self.timer: Timer = NULL_TIMER if timer is None else timer      # NULL_TIMER records nothing
         self.schedule = schedule
         self.broadcast_buffers = broadcast_buffers
-        self._buffers = [b for b in model.buffers() if b.numel()]
+        averaged = {id(b) for b in averaged_buffers(model)}    # ghost BatchNorm: the ranks' mean is one process's
+        self._averaged = [b for b in model.buffers() if id(b) in averaged]
+        self._buffers = [b for b in model.buffers() if b.numel() and id(b) not in averaged]
         self.loss_fn = loss_fn or nn.CrossEntropyLoss()
         self.compute = compute
         why = compute_unsupported(compute, next(model.parameters()).device)
@@ -124,8 +128,11 @@ class DistributedTrainer:
         return result
 
     def sync_buffers(self) -> None:
-        """Collective: every rank's buffers (BN running statistics) become rank 0's."""
+        """Collective: every rank's buffers (BN running statistics) become rank 0's; the running
+        statistics of ghost BatchNorm layers become the ranks' mean (:mod:`hpctrain.models.ghostbn`)."""
         comm_lib.broadcast_tensors(self._buffers, self.topo.comm)
+        if self._averaged:
+            comm_lib.average_tensors(self._averaged, self.topo.comm)
 
     def finish(self) -> None:
         """Collective: make every replica identical — complete any update still in flight

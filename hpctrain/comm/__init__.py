@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from hpctrain.comm.base import GradSync
 from hpctrain.comm.buckets import Bucket, make_buckets
-from hpctrain.comm.collectives import allreduce_sum, broadcast_module, broadcast_tensors, checksum
+from hpctrain.comm.collectives import allreduce_sum, average_tensors, broadcast_module, broadcast_tensors, checksum
 from hpctrain.comm.compression import COMPRESSIONS
 from hpctrain.comm.delay import DelayedSync, with_comm_delay
 from hpctrain.comm.flat import FlatSync
@@ -84,4 +84,5 @@ def create(name: str, params, topology, **kwargs) -> GradSync:
 
 __all__ = ["Bucket", "GradSync", "make_buckets", "STRATEGIES", "COMPRESSIONS", "create",
            "FlatSync", "HierarchicalSync", "auto", "concrete",
-           "allreduce_sum", "broadcast_module", "broadcast_tensors", "checksum", "DelayedSync", "with_comm_delay"]
+           "allreduce_sum", "average_tensors", "broadcast_module", "broadcast_tensors", "checksum",
+           "DelayedSync", "with_comm_delay"]

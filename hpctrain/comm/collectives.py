@@ -75,6 +75,21 @@ def allreduce_sum(values, comm: MPI.Comm) -> np.ndarray:
     return buf
 
 
+def average_tensors(tensors, comm: MPI.Comm) -> None:
+    """Overwrite every rank's tensors with their mean over ranks, in place: one float64
+    ``Allreduce`` of all of them, on the host (small buffers: running statistics)."""
+    tensors = [t.detach() for t in tensors]
+    if not tensors:
+        return
+    flat = torch.cat([t.reshape(-1).to("cpu", torch.float64) for t in tensors]).numpy()
+    comm.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
+    flat /= comm.Get_size()
+    at = 0
+    for t in tensors:
+        t.copy_(torch.from_numpy(flat[at:at + t.numel()]).view(t.shape))
+        at += t.numel()
+
+
 def checksum(tensors) -> float:
     """A float64 sum of all elements weighted by position: differs if any rank's tensors differ."""
     total = 0.0

@@ -9,11 +9,13 @@
   then a centre crop) the box sides are clamped to the image.
 * ``flip`` — horizontal flip with probability 1/2.
 
-Randomness: each batch draws from its own ``torch.Generator``, seeded by ``(seed, epoch, rank,
-step)`` (:func:`generator_for`), so a batch's crops and flips are a pure function of where it is
-in the run, never of how many batches were drawn before it: a run resumed part-way through an epoch
-augments its batches exactly as the uninterrupted run did (one generator per epoch, restarted at
-the resume point, gave batch ``k`` the draws of batch 0). Parameters are drawn on the host; the
+Randomness: in training every sample draws its own uniforms, a pure function of ``(seed, epoch,
+global position)`` (:class:`PositionDraws`; the position is the sample's place in the epoch's
+sequence of global batches), never of the rank that holds it, the batch it was cut into, or how
+many batches were drawn before it: a run resumed part-way through an epoch, or at another rank
+count that deals the same global batches, augments each sample exactly as the uninterrupted run
+did. A ``torch.Generator`` (:func:`generator_for`) serves too, drawing the same columns batch-wise.
+Parameters are drawn on the host; the
 appliers run on the batch's device (:class:`BatchPrep`: on the GPU after the copy of a raw
 batch), with the same result on the CPU.
 Evaluation and Final Polishing's un-augmented pass use no :class:`Augment`.
@@ -31,6 +33,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from hpctrain.data.blockorder import _mix
 
 KINDS = ("auto", "padcrop", "rrc", "flip")
 
@@ -87,7 +91,7 @@ class BatchPrep:
     __slots__ = ("normalize", "transform", "gen_at", "step")
 
     def __init__(self, normalize: Normalize, transform=None,
-                 gen_at: Callable[[int], torch.Generator] | None = None, step: int = 0):
+                 gen_at: Callable[[int], torch.Generator | PositionDraws] | None = None, step: int = 0):
         if transform is not None and gen_at is None:
             raise ValueError("BatchPrep: a transform needs its generators")
         self.normalize, self.transform, self.gen_at, self.step = normalize, transform, gen_at, step
@@ -101,17 +105,30 @@ class BatchPrep:
         return self.transform(t, gen)
 
 
-def flip_params(n: int, gen: torch.Generator) -> torch.Tensor:
-    return torch.rand(n, generator=gen) < 0.5
+DRAWS = 5          # uniforms per sample: the flip, then two (padcrop offsets) or four (rrc box)
+
+
+def uniforms(source, n: int) -> torch.Tensor:
+    """``(n, DRAWS)`` float64 uniforms in [0, 1): from a :class:`PositionDraws` (per sample) or a
+    ``torch.Generator`` (per batch)."""
+    if isinstance(source, PositionDraws):
+        return source.uniforms(n)
+    return torch.rand(n, DRAWS, generator=source, dtype=torch.float64)
+
+
+def flip_params(n: int, gen, u: torch.Tensor | None = None) -> torch.Tensor:
+    u = uniforms(gen, n) if u is None else u
+    return u[:, 0] < 0.5
 
 
 def flip_at(x: torch.Tensor, flips: torch.Tensor) -> torch.Tensor:
     return torch.where(host_to(flips.view(-1, 1, 1, 1), x.device), x.flip(-1), x)
 
 
-def padcrop_params(n: int, pad: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def padcrop_params(n: int, pad: int, gen, u: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-left offsets ``(oy, ox)`` in ``0..2*pad`` of each crop in the padded image."""
-    return torch.randint(0, 2 * pad + 1, (n,), generator=gen), torch.randint(0, 2 * pad + 1, (n,), generator=gen)
+    u = uniforms(gen, n) if u is None else u
+    return (u[:, 1] * (2 * pad + 1)).long(), (u[:, 2] * (2 * pad + 1)).long()
 
 
 def padcrop_at(x: torch.Tensor, oy: torch.Tensor, ox: torch.Tensor, pad: int) -> torch.Tensor:
@@ -123,14 +140,15 @@ def padcrop_at(x: torch.Tensor, oy: torch.Tensor, ox: torch.Tensor, pad: int) ->
     return xp[torch.arange(b, device=x.device).view(b, 1, 1), :, rows, cols].permute(0, 3, 1, 2).contiguous()
 
 
-def rrc_params(n: int, gen: torch.Generator, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)) -> torch.Tensor:
+def rrc_params(n: int, gen, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), u: torch.Tensor | None = None) -> torch.Tensor:
     """Boxes ``(cx, cy, bw, bh)`` in fractions of the image (centre, width, height)."""
-    area = scale[0] + (scale[1] - scale[0]) * torch.rand(n, generator=gen)
-    logr = math.log(ratio[0]) + (math.log(ratio[1]) - math.log(ratio[0])) * torch.rand(n, generator=gen)
+    u = (uniforms(gen, n) if u is None else u).float()
+    area = scale[0] + (scale[1] - scale[0]) * u[:, 1]
+    logr = math.log(ratio[0]) + (math.log(ratio[1]) - math.log(ratio[0])) * u[:, 2]
     bw = torch.sqrt(area * torch.exp(logr)).clamp(max=1.0)
     bh = torch.sqrt(area / torch.exp(logr)).clamp(max=1.0)
-    cx = bw / 2 + (1 - bw) * torch.rand(n, generator=gen)
-    cy = bh / 2 + (1 - bh) * torch.rand(n, generator=gen)
+    cx = bw / 2 + (1 - bw) * u[:, 3]
+    cy = bh / 2 + (1 - bh) * u[:, 4]
     return torch.stack([cx, cy, bw, bh], 1)
 
 
@@ -158,15 +176,17 @@ class Augment:
     def resolve(self, h: int) -> str:
         return ("padcrop" if h <= 64 else "rrc") if self.kind == "auto" else self.kind
 
-    def __call__(self, x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, gen) -> torch.Tensor:
+        """``gen``: a :class:`PositionDraws` (each sample its own draws) or a ``torch.Generator``."""
         n, h = x.shape[0], x.shape[-2]
         kind = self.resolve(h)
-        flips = flip_params(n, gen) if self.flip or kind == "flip" else None
+        u = uniforms(gen, n)
+        flips = flip_params(n, gen, u) if self.flip or kind == "flip" else None
         if kind == "rrc":
-            return crop_resize_at(x, rrc_params(n, gen, self.scale, self.ratio), flips)
+            return crop_resize_at(x, rrc_params(n, gen, self.scale, self.ratio, u), flips)
         if kind == "padcrop":
             pad = self.pad if self.pad is not None else max(1, h // 8)
-            x = padcrop_at(x, *padcrop_params(n, pad, gen), pad)
+            x = padcrop_at(x, *padcrop_params(n, pad, gen, u), pad)
         return x if flips is None else flip_at(x, flips)
 
     def __repr__(self) -> str:
@@ -179,3 +199,29 @@ def generator_for(seed: int, epoch: int, rank: int, step: int) -> torch.Generato
     key = [seed, epoch, 1 + rank, 2, step]
     state = np.random.SeedSequence(key).generate_state(1, np.uint64)[0]
     return torch.Generator().manual_seed(int(state) & ((1 << 63) - 1))
+
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+class PositionDraws:
+    """The augmentation uniforms of the samples at global positions ``first, first + 1, ...``
+    of ``epoch``: counter-based (splitmix64 of a key from ``(seed, epoch)`` and the position and
+    column), so each sample's draws are computed alone, vectorised, whatever batch holds it."""
+    __slots__ = ("key", "first")
+
+    def __init__(self, seed: int, epoch: int, first: int):
+        state = np.random.SeedSequence([seed, epoch, 2]).generate_state(1, np.uint64)[0]
+        self.key, self.first = np.uint64(state), first
+
+    @classmethod
+    def of_step(cls, seed: int, epoch: int, global_batch: int, offset: int, step: int) -> PositionDraws:
+        """The draws of a rank's batch ``step``: its first sample at ``step * global_batch + offset``."""
+        return cls(seed, epoch, step * global_batch + offset)
+
+    def uniforms(self, n: int) -> torch.Tensor:
+        counters: np.ndarray = (np.arange(self.first, self.first + n, dtype=np.uint64)[:, None] * np.uint64(DRAWS)
+                                + np.arange(DRAWS, dtype=np.uint64))
+        with np.errstate(over="ignore"):
+            bits = _mix(_mix(np.bitwise_xor(counters * _GOLDEN, self.key)))
+        return torch.from_numpy((bits >> np.uint64(11)).astype(np.float64) * 2.0 ** -53)

@@ -12,10 +12,11 @@ Shared by every decode path (CPU workers, :mod:`hpctrain.data.decoders`; the dev
   the centre ``out_h × out_w`` (torchvision ``Resize(256)`` + ``CenterCrop(224)``), expressed as one
   box on the stored image so the resize happens once.
 
-Every draw of a sample comes from its own generator, seeded by ``(seed, epoch, rank, position)``
-(:func:`sample_rng`; ``position`` is the sample's place in the rank's epoch: ``step * batch + k``),
-never from which worker decoded it or when: batches are identical for any number of workers and
-after a resume that replays the same positions.
+Every draw of a sample comes from its own generator, seeded by ``(seed, epoch, position)``
+(:func:`sample_rng`; ``position`` is the sample's place in the epoch's sequence of global batches:
+``step * global_batch + rank * batch + k``), never from which rank or worker decoded it or when:
+batches are identical for any number of workers, at any number of ranks that deal the same global
+batches (:mod:`hpctrain.data.plan`), and after a resume that replays the same positions.
 """
 from __future__ import annotations
 
@@ -26,8 +27,9 @@ import numpy as np
 
 EVAL_CROP_FRACTION = 0.875           # 224 / 256, the ImageNet evaluation recipe
 RRC_TRIES = 10
-# The crop key is [seed, epoch, 1 + rank, STREAM_CROPS, position]; the other streams' keys: block plan
-# [seed, epoch], window shuffle [seed, epoch, 1 + rank], augmentation [seed, epoch, 1 + rank, 2, step].
+# The crop key is [seed, epoch, 1, STREAM_CROPS, position] (the 1 keeps one rank's crops of before); the other
+# streams' keys: block plan [seed, epoch], window shuffle [seed, epoch, 1 + lane], augmentation
+# [seed, epoch, 2] (augment.PositionDraws).
 STREAM_CROPS = 3
 
 
@@ -40,10 +42,9 @@ class Crop(NamedTuple):
     flip: bool = False
 
 
-def sample_rng(seed: int, epoch: int, rank: int, position: int) -> np.random.Generator:
+def sample_rng(seed: int, epoch: int, position: int) -> np.random.Generator:
     """The generator of one sample's crop: a pure function of its coordinates (module docstring)."""
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch, 1 + rank, STREAM_CROPS,
-                                                                       position])))
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch, 1, STREAM_CROPS, position])))
 
 
 def rrc_box(h: int, w: int, rng: np.random.Generator, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3),
@@ -81,10 +82,10 @@ def center_box(h: int, w: int, out_h: int, out_w: int, fraction: float = EVAL_CR
     return Crop((h - bh) / 2, (w - bw) / 2, bh, bw, False)
 
 
-def train_crops(sizes, seed: int, epoch: int, rank: int, first_position: int, scale=(0.08, 1.0),
+def train_crops(sizes, seed: int, epoch: int, first_position: int, scale=(0.08, 1.0),
                 ratio=(3 / 4, 4 / 3), flip: bool = True) -> list[Crop]:
-    """The boxes of a batch whose ``k``-th image is ``sizes[k] = (h, w)`` at ``first_position + k``."""
-    return [rrc_box(h, w, sample_rng(seed, epoch, rank, first_position + k), scale, ratio, flip)
+    """The boxes of a batch whose ``k``-th image is ``sizes[k] = (h, w)`` at global position ``first_position + k``."""
+    return [rrc_box(h, w, sample_rng(seed, epoch, first_position + k), scale, ratio, flip)
             for k, (h, w) in enumerate(sizes)]
 
 

@@ -12,7 +12,7 @@ bound to its own cores keeps all of them; ranks bound to one socket or NUMA doma
 cpuset, or unbound, divide their cores by how many of them there are. The node reader
 (``data.reader = node``) decodes for the whole node, so it keeps all its cores.
 
-Each sample's crop is a pure function of ``(seed, epoch, rank, position)`` (:mod:`crops`) and each
+Each sample's crop is a pure function of ``(seed, epoch, global position)`` (:mod:`crops`) and each
 worker writes only its own samples' rows of the output, so a batch is bit-identical for any number
 of workers.
 """
@@ -124,7 +124,7 @@ class CropDecoder:
         self.backend = decoders.resolve(backend)
         self.scale, self.ratio, self.flip = scale, ratio, flip
 
-    def plan(self, blobs, train: bool, seed: int = 0, epoch: int = 0, rank: int = 0,
+    def plan(self, blobs, train: bool, seed: int = 0, epoch: int = 0,
              first_position: int = 0) -> tuple[list, list]:
         """``(sizes, boxes)`` of a batch: what every decode path cuts (the seam the device path shares)."""
         sizes = []
@@ -134,11 +134,11 @@ class CropDecoder:
             except UNDECODABLE as exc:
                 raise SampleError(k, exc) from None
         _, h, w = self.shape
-        boxes = (crops.train_crops(sizes, seed, epoch, rank, first_position, self.scale, self.ratio, self.flip)
+        boxes = (crops.train_crops(sizes, seed, epoch, first_position, self.scale, self.ratio, self.flip)
                  if train else crops.eval_crops(sizes, h, w))
         return sizes, boxes
 
-    def submit(self, blobs, train: bool, seed: int = 0, epoch: int = 0, rank: int = 0,
+    def submit(self, blobs, train: bool, seed: int = 0, epoch: int = 0,
                first_position: int = 0, out: np.ndarray | None = None, normalize=None) -> PendingBatch:
         """Start decoding ``blobs`` (sample ``k`` at ``first_position + k``) into ``out`` (or a new
         uint8 array). With ``normalize`` (an :class:`~hpctrain.data.augment.Normalize`) each worker
@@ -146,7 +146,7 @@ class CropDecoder:
         as normalising the whole batch (so the same bits), with the conversion's cost (most of it
         first-touching a fresh buffer) spread over the workers instead of left to the loader thread."""
         n = len(blobs)
-        sizes, boxes = self.plan(blobs, train, seed, epoch, rank, first_position)
+        sizes, boxes = self.plan(blobs, train, seed, epoch, first_position)
         result: np.ndarray | torch.Tensor
         if normalize is not None:
             result = torch.empty((n, *self.shape), dtype=torch.float32)

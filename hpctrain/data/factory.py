@@ -16,6 +16,7 @@ from hpctrain.data.decodepool import affinity, resolve_workers
 from hpctrain.data.hdf5 import DRIVERS
 from hpctrain.data.loader import ShardLoader
 from hpctrain.data.memory import check_loader_memory
+from hpctrain.data.plan import lane_problem
 from hpctrain.data.index import ShardError, ShardIndex
 from hpctrain.data.shards import ShardSet
 from hpctrain.errors import ConfigError
@@ -59,7 +60,7 @@ def train_loader(index: ShardIndex, topo, *, batch_size: int, seed: int = 0, blo
                  shuffle_window: int = 1024, prefetch: int = 2, drop_last: bool = True, augment: bool = False,
                  augment_kind: str = "auto", augment_flip: bool = True, reader: str = "rank",
                  hdf5_driver: str = "auto", verify: str = "shared", split: str = "train",
-                 raw: bool = False, workers: int = 0, decode: str = "auto") -> ShardLoader:
+                 raw: bool = False, workers: int = 0, decode: str = "auto", lanes: int = 0) -> ShardLoader:
     """The per-rank training loader (``batch_size`` per rank). Collective over ``topo.comm``.
 
     ``raw``: batches as stored, normalised by the consumer on its device (``loader.batch_prep``);
@@ -70,6 +71,9 @@ def train_loader(index: ShardIndex, topo, *, batch_size: int, seed: int = 0, blo
     keeps all its cores). ``decode``: where JPEG batches are decoded (``auto``:
     on the GPU when ``raw`` batches go to CUDA and torchvision imports; :mod:`gpudecode`).
 
+    ``lanes``: the lanes the epoch's sequence is dealt to (0: one per rank); fixed, the run is
+    the same at any rank count that divides it (:class:`ShardLoader`).
+
     ``loader.close()`` stops its threads, frees the node window and closes the shards (all
     collective where the parts are); ``loader.describe()`` is the start-up log line.
     """
@@ -79,11 +83,16 @@ def train_loader(index: ShardIndex, topo, *, batch_size: int, seed: int = 0, blo
     _check("decode", decode, DECODES)
     if index.encoding == "jpeg":      # data.decode=gpu that cannot work: one line before any shard is opened
         gpudecode.resolve(decode, raw=raw, whole=index.stored == "whole", node=reader == "node")
+    problem = lane_problem(lanes or topo.size, topo.size, batch_size * topo.size)
+    if problem:
+        raise ConfigError(f"config data.lanes: {problem}")
     mine = affinity()
     masks = topo.intra.allgather(sorted(mine))        # collective on every rank, whatever workers says
     node_reader = reader == "node" and topo.local_rank == 0     # decodes for the whole node
     n_workers = resolve_workers(workers, mine, masks, node_reader=node_reader)
-    check_loader_memory(index, batch_size=batch_size, shuffle_window=shuffle_window, prefetch=prefetch,
+    per_rank = (lanes or topo.size) // topo.size        # lanes this rank reads, each with its window
+    check_loader_memory(index, batch_size=batch_size,
+                        shuffle_window=per_rank * max(shuffle_window, batch_size // per_rank), prefetch=prefetch,
                         local_size=getattr(topo, "local_size", 1), split=split)   # before anything is opened
     if reader == "node":
         shards, node_comm = _node_reader_shards(index, split, topo, hdf5_driver, verify), topo.intra
@@ -94,6 +103,6 @@ def train_loader(index: ShardIndex, topo, *, batch_size: int, seed: int = 0, blo
     loader = ShardLoader(shards, rank=topo.rank, size=topo.size, batch_size=batch_size, seed=seed,
                          block_size=block_size, shuffle_window=shuffle_window, prefetch=prefetch,
                          drop_last=drop_last, transform=transform, node_comm=node_comm, raw=raw,
-                         workers=n_workers, decode=decode)
+                         workers=n_workers, decode=decode, lanes=lanes)
     loader.owns_shards = True
     return loader

@@ -35,7 +35,7 @@ class FittedDecoder(CropDecoder):
     """Shards fitted to ``sample_shape`` (index ``jpeg.stored == "fitted"``): every sample decodes
     to its cover-resized centre crop (:func:`images.decode`, Pillow), no box to draw."""
 
-    def plan(self, blobs, train, seed=0, epoch=0, rank=0, first_position=0):
+    def plan(self, blobs, train, seed=0, epoch=0, first_position=0):
         return [None] * len(blobs), [None] * len(blobs)     # nothing to draw: the fitted centre
 
     def _decode_one(self, blob, box, size, out) -> None:
@@ -80,8 +80,8 @@ class JpegBatches:
         ``normalize``: the workers normalise too (float32 batches)."""
         train = augment and self.train_crops
         try:
-            p = self.decoder.submit(xw[idx], train, seed=self.loader.seed, epoch=epoch, rank=rank,
-                                    first_position=step * self.loader.batch_size, out=out, normalize=normalize)
+            p = self.decoder.submit(xw[idx], train, seed=self.loader.seed, epoch=epoch,
+                                    first_position=self.loader.position(step, rank), out=out, normalize=normalize)
         except SampleError as exc:
             raise self._error(exc, ids) from None
         return p, ids
@@ -124,12 +124,12 @@ class JpegBatches:
     def _device_batches(self, epoch: int, skip: int, rank: int, augment: bool):
         """Raw uint8 batches decoded and cut on the device, with the boxes the CPU path draws."""
         assert self.on_device is not None
-        train, b = augment and self.train_crops, self.loader.batch_size
+        train = augment and self.train_crops
         for step, (xw, yw, idx) in enumerate(self.loader.window_batches(epoch, skip, rank), start=skip):
             t0 = time.perf_counter()
             try:
-                x = self.on_device.decode(xw[idx], train, seed=self.loader.seed, epoch=epoch, rank=rank,
-                                          first_position=step * b)
+                x = self.on_device.decode(xw[idx], train, seed=self.loader.seed, epoch=epoch,
+                                          first_position=self.loader.position(step, rank))
             except SampleError as exc:
                 raise self._error(exc, self.loader.window_ids(rank)[idx]) from None
             self.loader.stats.decode_s += time.perf_counter() - t0

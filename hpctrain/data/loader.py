@@ -1,10 +1,14 @@
 """Per-rank batches from a :class:`ShardSet`: contiguous reads, in-memory window shuffle, prefetch.
 
-Training: each epoch the rank reads its runs, computed lazily a chunk at a time
-(:func:`plan.iter_rank_runs`), as long slices, shuffles within a window of ``shuffle_window``
-samples (generator seeded by ``(seed, epoch, rank)``: the named per-rank offset), and yields
-exactly ``steps`` batches of ``batch_size`` samples, so every rank takes the same number of
-steps. One background thread does everything per batch — HDF5 reads, window shuffle,
+Training: the epoch's permuted sequence is dealt to ``lanes`` lanes (by default one per rank), each
+a balanced contiguous share, computed lazily a chunk at a time (:func:`plan.iter_rank_runs`); a
+lane reads its runs as long slices, shuffles within a window of ``shuffle_window`` samples
+(generator seeded by ``(seed, epoch, lane)``) and gives ``global_batch / lanes`` samples to each
+global batch. Rank ``r`` of ``n`` holds lanes ``r·L/n .. (r+1)·L/n`` and yields exactly ``steps``
+batches, its lanes' shares side by side, so every rank takes the same number of steps. With
+``lanes`` fixed, global batch ``k`` (its samples, in order) is the same at any rank count that
+divides ``lanes``: the run does not depend on how many ranks read it (docs/data.md).
+One background thread does everything per batch — HDF5 reads, window shuffle,
 normalisation, augmentation — except JPEG decoding, which it hands to the rank's decode pool
 (:mod:`jpegstream`, :mod:`decodepool`: a batch ahead, crops cut at decode), and keeps ``prefetch``
 finished batches queued; the training thread only waits when that thread falls behind, and
@@ -36,7 +40,7 @@ import numpy as np
 import torch
 
 from hpctrain.data import plan
-from hpctrain.data.augment import BatchPrep, Normalize, generator_for
+from hpctrain.data.augment import BatchPrep, Normalize, PositionDraws
 from hpctrain.data.jpegstream import JpegBatches
 from hpctrain.data.index import ShardError
 from hpctrain.data.shards import ShardSet
@@ -132,8 +136,12 @@ class ShardLoader:
                  block_size: int = 32, shuffle_window: int = 1024, prefetch: int = 2,
                  drop_last: bool = True, transform: Callable | None = None, node_comm=None,
                  node_slots: int = 2, raw: bool = False, workers: int = 1, jpeg_backend: str = "auto",
-                 decode: str = "cpu", decode_device: torch.device | None = None):
+                 decode: str = "cpu", decode_device: torch.device | None = None, lanes: int = 0):
         self.shards, self.rank, self.size = shards, rank, size
+        self.lanes = lanes or size                 # 0: one lane per rank
+        problem = plan.lane_problem(self.lanes, size, batch_size * size)
+        if problem:
+            raise ValueError(f"lanes: {problem}")
         self.batch_size, self.seed, self.block_size = batch_size, seed, block_size
         self.shuffle_window, self.prefetch, self.drop_last = shuffle_window, prefetch, drop_last
         self.global_batch = batch_size * size
@@ -164,19 +172,30 @@ class ShardLoader:
         raw = (f"; raw {self.shards.index.dtype} batches{' (pinned)' if self.pin else ''}, normalised on the device"
                if self.raw else "")
         jpeg = f"; {self.jpeg.describe()}" if self.jpeg else ""
-        return (f"{mode}; {self.shards.describe()}; augment {self.transform or 'off'}; prefetch {self.prefetch}"
+        lanes = f"; {self.lanes} data lanes, {self.lanes // self.size} per rank" if self.lanes != self.size else ""
+        return (f"{mode}{lanes}; {self.shards.describe()}; augment {self.transform or 'off'}; prefetch {self.prefetch}"
                 f"{jpeg}{raw}")
 
-    def runs(self, epoch: int, rank: int | None = None) -> Iterator[tuple[int, int]]:
-        """``rank``'s runs this epoch, computed lazily (:func:`plan.iter_rank_runs`)."""
+    def runs(self, epoch: int, lane: int) -> Iterator[tuple[int, int]]:
+        """``lane``'s runs this epoch, computed lazily (:func:`plan.iter_rank_runs`)."""
         total = None if self.drop_last else self.steps * self.global_batch
-        return plan.iter_rank_runs(self.shards.num_samples, self.size, self.rank if rank is None else rank,
-                              epoch=epoch, seed=self.seed, block_size=self.block_size, total=total)
+        return plan.iter_rank_runs(self.shards.num_samples, self.lanes, lane,
+                                   epoch=epoch, seed=self.seed, block_size=self.block_size, total=total)
 
-    def _buffers(self, rank: int, capacity: int):
-        """The window buffers of ``rank``, kept across epochs (fresh pages cost more than the copy)."""
+    def rank_lanes(self, rank: int) -> range:
+        """The lanes rank ``rank`` reads: its contiguous ``lanes / size`` of them."""
+        per = self.lanes // self.size
+        return range(rank * per, (rank + 1) * per)
+
+    def position(self, step: int, rank: int | None = None) -> int:
+        """The place of ``rank``'s first sample of batch ``step`` in the epoch's sequence of global
+        batches: what seeds each sample's augmentation, the same at any rank count."""
+        return step * self.global_batch + (self.rank if rank is None else rank) * self.batch_size
+
+    def _buffers(self, key, capacity: int):
+        """Window buffers by ``key``, kept across epochs (fresh pages cost more than the copy)."""
         jpeg = self.shards.index.encoding == "jpeg"
-        key = (rank, capacity)
+        key = (key, capacity)
         if key not in self._bufs:
             x = np.empty(capacity, object) if jpeg else np.empty((capacity, *self.shards.index.sample_shape),
                                                                  self.shards.index.dtype)
@@ -191,29 +210,52 @@ class ShardLoader:
                        rank: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """``rank``'s batches as ``(x_window, y_window, indices)``: valid until the next item.
 
-        The runs are read straight into a reused window buffer (``read_direct``); each batch is a
-        random subset of the window, so the only copy after the read is the batch gather.
+        The runs are read straight into a reused window buffer per lane (``read_direct``); each
+        lane's share is a random subset of its window. One lane per rank: the batch is gathered
+        from the window by the caller (the only copy after the read); several: their shares are
+        first copied side by side into a batch buffer.
         """
         rank = self.rank if rank is None else rank
-        window, b = max(self.shuffle_window, self.batch_size), self.batch_size
-        xw, yw, iw = self._buffers(rank, 2 * window)
-        self._ids[rank] = iw
-        emitted = 0
-        for order in self._windows(epoch, rank, xw, yw, window, iw):
-            for k in range(0, len(order) // b * b, b):
+        lanes = self.rank_lanes(rank)
+        b = self.batch_size // len(lanes)
+        gens = [self._lane_batches(epoch, lane, b) for lane in lanes]
+        if len(gens) == 1:
+            for emitted, (xw, yw, iw, idx) in enumerate(gens[0]):
                 if emitted >= self.steps:
                     return
+                self._ids[rank] = iw
                 if emitted >= skip:
-                    yield xw, yw, order[k:k + b]
-                emitted += 1
+                    yield xw, yw, idx
+            return
+        xb, yb, ib = self._buffers(("batch", rank), self.batch_size)
+        self._ids[rank] = ib
+        whole = np.arange(self.batch_size)
+        for emitted, shares in enumerate(zip(*gens)):
+            if emitted >= self.steps:
+                return
+            if emitted < skip:
+                continue
+            for j, (xw, yw, iw, idx) in enumerate(shares):
+                xb[j * b:(j + 1) * b], yb[j * b:(j + 1) * b], ib[j * b:(j + 1) * b] = xw[idx], yw[idx], iw[idx]
+            yield xb, yb, whole
 
-    def _windows(self, epoch: int, rank: int, xw: np.ndarray, yw: np.ndarray, window: int, iw: np.ndarray):
+    def _lane_batches(self, epoch: int, lane: int, b: int):
+        """``lane``'s shares of the epoch's global batches, ``b`` samples each, as
+        ``(x_window, y_window, ids_window, indices)``."""
+        window = max(self.shuffle_window, b)
+        xw, yw, iw = self._buffers(("lane", lane), 2 * window)
+        for order in self._windows(epoch, lane, xw, yw, window, iw, b):
+            for k in range(0, len(order) // b * b, b):
+                yield xw, yw, iw, order[k:k + b]
+
+    def _windows(self, epoch: int, lane: int, xw: np.ndarray, yw: np.ndarray, window: int, iw: np.ndarray,
+                 b: int):
         """Fill the window buffers run by run; yield the shuffled order of each full window (and
         of the last, partial one). When the caller asks for the next window, the samples left past
-        the last whole batch move to the front and the window fills up behind them."""
-        rng = np.random.default_rng([self.seed, epoch, 1 + rank])  # per-rank offset: 1 + rank
-        b, pos = self.batch_size, 0
-        for a, stop in self.runs(epoch, rank):
+        the last whole share move to the front and the window fills up behind them."""
+        rng = np.random.default_rng([self.seed, epoch, 1 + lane])  # per-lane offset: 1 + lane
+        pos = 0
+        for a, stop in self.runs(epoch, lane):
             for s in range(a, stop, window):
                 e = min(stop, s + window)
                 t0 = time.perf_counter()
@@ -250,7 +292,8 @@ class ShardLoader:
     def _prep(self, epoch: int, augment: bool, skip: int) -> BatchPrep:
         cut = self.jpeg is not None and self.jpeg.train_crops     # the crop was cut at decode time
         transform = self.transform if augment and not cut else None
-        gen_at = functools.partial(generator_for, self.seed, epoch, self.rank) if transform is not None else None
+        gen_at = (functools.partial(PositionDraws.of_step, self.seed, epoch, self.global_batch,
+                                    self.position(0)) if transform is not None else None)
         return BatchPrep(self.to_tensor, transform, gen_at, step=skip)
 
     def batch_prep(self, epoch: int, augment: bool = True, skip: int = 0) -> Callable[[torch.Tensor], torch.Tensor]:

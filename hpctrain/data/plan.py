@@ -54,6 +54,20 @@ def steps_per_epoch(n_samples: int, global_batch: int, drop_last: bool = True) -
     return n_samples // global_batch if drop_last else -(-n_samples // global_batch)
 
 
+def lane_problem(lanes: int, size: int, global_batch: int) -> str | None:
+    """Why ``lanes`` lanes cannot be read by ``size`` ranks at this global batch (None: they can).
+
+    Each rank reads whole lanes (``lanes / size`` of them) and each lane gives the same share of
+    every global batch (``global_batch / lanes`` samples)."""
+    if lanes % size:
+        return (f"{size} ranks do not divide its {lanes} lanes; run on a rank count that divides {lanes} "
+                f"(the same run), or start a new run with data.lanes a multiple of {size}")
+    if global_batch % lanes:
+        return (f"{lanes} lanes do not divide the global batch of {global_batch} (train.batch_size); each lane "
+                f"gives global_batch / lanes samples to every batch")
+    return None
+
+
 def permuted_blocks(n_samples: int, block_size: int, seed: int, epoch: int) -> list[tuple[int, int]]:
     """All blocks ``(start, stop)`` in this epoch's order (same on every rank). A list of every
     block: for tests and small splits; the loader's plan is :func:`iter_rank_runs`."""

@@ -42,9 +42,12 @@ from hpctrain.config.values import (FRACTION, INF, LOSS_SCALE, LR, NON_NEGATIVE,
 from hpctrain.data.augment import KINDS as AUGMENT_KINDS
 from hpctrain.data.factory import DECODES, READERS
 from hpctrain.data.hdf5 import DRIVERS
+from hpctrain.data.plan import lane_problem
 from hpctrain.data.shards import VERIFY_MODES
 from hpctrain.errors import ConfigError
 from hpctrain.models.compiled import COMPILE_MODES
+
+from hpctrain.models.ghostbn import group_problem
 from hpctrain.ops.collapse import ON_COLLAPSE
 from hpctrain.ops.tensorboard import tensorboard_missing
 from hpctrain.optim import OPTIMIZERS
@@ -69,6 +72,10 @@ class DataConfig:
     shuffle_window: int = opt(1024, "samples shuffled together in memory after contiguous reads",
                               range=NON_NEGATIVE)
     prefetch: int = opt(2, "batches prepared ahead by the background reader", range=NON_NEGATIVE)
+    lanes: int = opt(0, "lanes the epoch's sample sequence is dealt to, each giving train.batch_size / lanes "
+                        "samples to every global batch: fixed, the run (samples, augmentation) is the same at any "
+                        "rank count dividing it and resumes on another one; 0: one per rank (docs/data.md)",
+                     range=NON_NEGATIVE)
     augment: bool = opt(False, "train-time augmentation (pad-crop, flip)")
     drop_last: bool = opt(True, "drop the last partial global batch of an epoch")
     augment_kind: str = opt("auto", "augmentation: auto (padcrop up to 64 px, rrc above) | padcrop | rrc | flip",
@@ -97,6 +104,10 @@ class ModelConfig:
     compile: bool = opt(False, "torch.compile the model's forward after it is built and broadcast (in place: "
                         "checkpoints keep the plain model's keys; a CPU needs a C++ compiler; docs/getting-started.md)")
     compile_mode: str = opt("default", "torch.compile mode: {choices}", choices=COMPILE_MODES)
+
+    bn_group: int = opt(0, "ghost BatchNorm: training statistics over fixed groups of this many consecutive samples "
+                           "of the global batch, the same at any rank count it divides the local batch of; "
+                           "0: over each rank's local batch (docs/data.md)", range=NON_NEGATIVE)
 
 
 @dataclass
@@ -354,6 +365,9 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     checks = [   # each computed once, in this order; the first problem stops
         ("train.batch_size", lambda: None if cfg.train.batch_size % world_size == 0 else
          f"global batch {cfg.train.batch_size} is not divisible by {world_size} ranks"),
+        ("data.lanes", lambda: lane_problem(cfg.data.lanes, world_size, cfg.train.batch_size)
+         if cfg.data.lanes else None),
+        ("model.bn_group", lambda: group_problem(cfg.model.bn_group, cfg.train.batch_size, world_size)),
         ("train.threads", lambda: threads_problem(cfg.train.threads)),
         ("run.run_dir", lambda: dir_problem(cfg.run.run_dir)),
         ("ckpt.dir", lambda: cfg.ckpt.dir and dir_problem(cfg.ckpt.dir)),

@@ -28,6 +28,8 @@ from hpctrain.errors import ConfigError, UserError, config_errors
 from hpctrain.job.config import Config
 from hpctrain.models import BUILTIN, ModelError, build_model, check_model_output
 from hpctrain.models.compiled import compile_model
+
+from hpctrain.models.ghostbn import use_bn_groups
 from hpctrain.ops.agree import agree, check_consistency, software_versions
 from hpctrain.ops.checkpoint import Checkpointer
 from hpctrain.ops.metrics import StepTimer, Timer, clock_for
@@ -163,7 +165,7 @@ def checkpointer(cfg: Config, comm: MPI.Comm, loader: ShardLoader, timer: Timer,
     directory = cfg.ckpt.dir or os.path.join(cfg.run.run_dir, "checkpoints")
     return Checkpointer(comm, directory, steps_per_epoch=loader.steps, global_batch=loader.global_batch,
                         config=cfg.to_dict(), every_steps=cfg.ckpt.every_steps, keep=cfg.ckpt.keep, timer=timer,
-                        run_id=run_id)
+                        run_id=run_id, lanes=loader.lanes)
 
 
 def raw_batches(device: torch.device) -> bool:
@@ -227,6 +229,8 @@ def _model_and_optimizer(cfg: Config, index, loader, device: torch.device):
     try:
         model = build_model(m.name, num_classes=index.num_classes, in_channels=index.sample_shape[0],
                             batchnorm=m.batchnorm, zero_init_residual=m.zero_init_residual)
+        if m.bn_group:
+            use_bn_groups(model, m.bn_group)
     except (ValueError, OSError, RuntimeError, ImportError) as exc:
         if isinstance(exc, UserError) or m.name in BUILTIN:
             raise                                  # a built-in model's failure is hpctrain's bug

@@ -28,6 +28,8 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from hpctrain.models.ghostbn import rank_dependent_norm
+
 from hpctrain.ops.agree import first_difference, model_signature
 from hpctrain.ops.ckptdir import (checkpoint_name, corrupt_files, list_checkpoints, newest_work, newest_valid,
                                   of_run, prune)
@@ -101,8 +103,9 @@ class Checkpointer:
 
     def __init__(self, comm: MPI.Comm, directory: str, *, steps_per_epoch: int, global_batch: int,
                  config: dict, every_steps: int = 0, keep: int = 3, timer: Timer = NULL_TIMER,
-                 run_id: str | None = None):
+                 run_id: str | None = None, lanes: int = 0):
         self.comm, self.directory, self.run_id = comm, directory, run_id
+        self.lanes = lanes          # the data plan's lanes (loader.lanes): fixed, the plan at any rank count
         self.steps_per_epoch, self.global_batch = steps_per_epoch, global_batch
         self.config, self.every_steps, self.keep, self.timer = config, every_steps, keep, timer
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
@@ -135,7 +138,7 @@ class Checkpointer:
             if self.rank == 0:
                 epoch, sie = divmod(step, self.steps_per_epoch)
                 meta = {"step": step, "epoch": epoch, "step_in_epoch": sie, "world_size": self.size,
-                        "leg": self.leg, "global_batch": self.global_batch,
+                        "leg": self.leg, "global_batch": self.global_batch, "lanes": self.lanes,
                         "samples_seen": self.base_samples + (step - self.base_step) * self.global_batch}
                 if self.run_id:
                     meta["run_id"] = self.run_id
@@ -210,7 +213,7 @@ class Checkpointer:
         pos = replan(state["epoch"], state["step_in_epoch"], state["global_batch"], self.steps_per_epoch,
                      self.global_batch)
         trainer.step_count = pos.step
-        self._continue_work(path, state, pos, newest)
+        self._continue_work(path, state, pos, newest, rank_dependent_norm(trainer.model))
         if state["world_size"] == self.size:
             set_rng_state(state["rng"][self.rank])
         elif self.rank < len(state["rng"]):
@@ -220,14 +223,18 @@ class Checkpointer:
         self.last_step, self.last_path = pos.step, path
         return pos
 
-    def _continue_work(self, path: str | None, state: dict, pos: Position, newest: tuple[int, str] | None) -> None:
+    def _continue_work(self, path: str | None, state: dict, pos: Position, newest: tuple[int, str] | None,
+                       per_rank_norm: bool = True) -> None:
         """This run's leg and samples seen from the checkpoint resumed (:mod:`~hpctrain.ops.ckptdir`):
-        the same leg when nothing changed and it holds the run's newest work here; else a new leg
-        after the newest (a resume from older work branches: it must not write over, nor rank
-        below, what came after it). Said in one line on rank 0 when the batch or rank count changed."""
+        the same leg when the run goes on unchanged and it holds the run's newest work here; else a
+        new leg after the newest (a resume from older work branches: it must not write over, nor
+        rank below, what came after it). Another rank count goes on unchanged when the global batch
+        and the plan's lanes are the same and no layer normalises by the local batch
+        (``per_rank_norm``: a plain BatchNorm); said in one line on rank 0 when the run changed."""
         leg = state.get("leg", 0)
         old_batch, old_size = state["global_batch"], state["world_size"]
-        changed = old_batch != self.global_batch or old_size != self.size
+        same_plan = old_size == self.size or (state.get("lanes") == self.lanes and not per_rank_norm)
+        changed = old_batch != self.global_batch or not same_plan
         is_newest = newest is None or (path is not None and os.path.abspath(path) == newest[1])
         top = leg if newest is None else newest[0]
         self.leg = leg if not changed and is_newest else top + 1
@@ -236,10 +243,16 @@ class Checkpointer:
         if changed:
             ranks = (f"; checkpoint {path} is from {old_size} ranks, this run has {self.size}: per-rank RNG "
                      f"streams restart" if old_size != self.size else "")
+            if old_batch == self.global_batch:     # the rank count alone: the plan or BatchNorm depends on it
+                ranks += (f" (the same run at any rank count needs data.lanes fixed, here {state.get('lanes')} -> "
+                          f"{self.lanes}, and model.bn_group set for BatchNorm: docs/data.md)")
             self._say(f"warning: resume changes the global batch {old_batch} -> {self.global_batch} "
                       f"({old_size} -> {self.size} ranks): leg {self.leg} of this run, its checkpoints "
                       f"named -leg{self.leg} rank after leg {top}'s; the rest of epoch {pos.epoch} follows this "
                       f"run's data plan (step {pos.step_in_epoch} of {self.steps_per_epoch}){ranks}")
-        elif self.leg != leg:
+        elif old_size != self.size:
+            self._say(f"note: {path} is from {old_size} ranks, this run has {self.size}: the same run goes on "
+                      f"(global batch {self.global_batch}, {self.lanes} data lanes, no per-rank BatchNorm)")
+        if not changed and self.leg != leg:
             self._say(f"note: {path} is not this run's newest work ({newest[1] if newest else '?'}): continuing "
                       f"as leg {self.leg}, ranked after it")

@@ -147,12 +147,12 @@ def test_loader_keywords_pass_each_field_by_its_name():
     cfg = Config()
     cfg.data = DataConfig(block_size=7, shuffle_window=5, prefetch=0, augment=True, drop_last=False,
                           augment_kind="flip", augment_flip=False, reader="node", hdf5_driver="serial", verify="off",
-                          workers=3, decode="cpu")
+                          workers=3, decode="cpu", lanes=6)
     cfg.train.batch_size, cfg.train.seed = 6, 2
     seen = loader_keywords(cfg, ranks=2)
     assert seen == dict(block_size=7, shuffle_window=5, prefetch=0, augment=True, drop_last=False, augment_kind="flip",
                         augment_flip=False, reader="node", hdf5_driver="serial", verify="off", batch_size=3, seed=2,
-                        raw=False, workers=3, decode="cpu")
+                        raw=False, workers=3, decode="cpu", lanes=6)
 
 
 def test_optimiser_adapter_passes_each_field(monkeypatch):

@@ -61,7 +61,7 @@ def test_crops_agree_with_pillow_within_tolerance(blobs, backend):
         size = decoders.image_size(blob, backend)
         with Image.open(io.BytesIO(blob)) as img:
             assert size == (img.height, img.width)
-        for crop in [crops.rrc_box(*size, crops.sample_rng(0, 0, 0, k)), crops.center_box(*size, out_h, out_w),
+        for crop in [crops.rrc_box(*size, crops.sample_rng(0, 0, k)), crops.center_box(*size, out_h, out_w),
                      crops.Crop(0, 0, size[0], size[1], True)]:
             out = np.empty((3, out_h, out_w), np.uint8)
             decoders.decode_crop(blob, crop, size, out_h, out_w, 3, out, backend)
@@ -80,7 +80,7 @@ def test_backends_agree_bit_for_bit(blobs):
         pytest.skip("simplejpeg is not installed")
     for k, blob in enumerate(blobs):
         size = decoders.image_size(blob, "pil")
-        crop = crops.rrc_box(*size, crops.sample_rng(1, 0, 0, k))
+        crop = crops.rrc_box(*size, crops.sample_rng(1, 0, k))
         a, b = (np.empty((3, 64, 64), np.uint8) for _ in range(2))
         decoders.decode_crop(blob, crop, size, 64, 64, 3, a, "pil")
         decoders.decode_crop(blob, crop, size, 64, 64, 3, b, "simplejpeg")

@@ -61,6 +61,7 @@ def parse_args(argv):
     ap.add_argument("--batch-size", type=int, default=32, help="per-rank batch")
     ap.add_argument("--block-size", type=int, default=32, help="samples per block of the plan")
     ap.add_argument("--shuffle-window", type=int, default=256)
+    ap.add_argument("--lanes", type=int, default=0, help="data.lanes of the block plan (0: one per rank)")
     ap.add_argument("--random-samples", type=int, default=3000,
                     help="per-sample reads per rank (at most; x20 for the small samples)")
     ap.add_argument("--no-cold", action="store_true", help="skip the cold-cache rows")
@@ -82,6 +83,7 @@ class Bench:
         self.files = [os.path.join(directory, e["file"]) for e in self.index.split("train")["shards"]]
         self.sample_bytes = int(np.prod(self.index.sample_shape))
         self.rows: list[dict] = []
+        self.reads: list[str] = []         # the block plan's read lengths: independent of the machine's load
         self.cold_method, self.cpu_s = None, None
 
     def timed(self, fn) -> tuple[int, float]:
@@ -149,15 +151,28 @@ class Bench:
     def loader(self, shards, node_comm=None) -> ShardLoader:
         a = self.args
         return ShardLoader(shards, rank=self.topo.rank, size=self.topo.size, batch_size=a.batch_size,
-                           block_size=a.block_size, shuffle_window=a.shuffle_window, prefetch=2, node_comm=node_comm)
+                           block_size=a.block_size, shuffle_window=a.shuffle_window, prefetch=2, node_comm=node_comm,
+                           lanes=a.lanes)
 
     def plan(self, cache, driver="serial"):
         shards = ShardSet(self.index, "train", comm=self.comm, driver=driver, verify="off")
         ld = self.loader(shards)
         self.prepare(cache)
+        lengths: list[int] = []
+        read_into = shards.read_into
+
+        def counted(a, e, *rest):
+            lengths.append(e - a)
+            return read_into(a, e, *rest)
+        shards.read_into = counted               # type: ignore[method-assign]
         n, dt = self.timed(lambda: sum(len(y) for _, y in ld.raw_batches(0)))
+        shards.read_into = read_into             # type: ignore[method-assign]
         name = "parallel HDF5 (mpio)" if shards.driver == "mpio" else "serial, pread of contiguous datasets"
         self.row(f"block plan, per-rank reading, {name}", cache, n, dt)
+        every = np.concatenate(self.comm.allgather(np.array(lengths, np.int64)))
+        self.reads.append(f"{self.label} {name}, {cache}: {len(every)} reads by {self.topo.size} rank(s), "
+                          f"samples per read mean {every.mean():.1f}, median {np.median(every):.0f}, "
+                          f"min {every.min()}, {(every >= self.args.block_size).mean():.0%} of reads >= a block")
         shards.close()
 
     def node(self, cache):
@@ -270,6 +285,9 @@ def main(argv) -> int:
                   f"window {args.shuffle_window}; cold cache: {big.cold_method or 'skipped'}; first-epoch rows: "
                   f"median of {args.rounds} interleaved rounds")
         print(table(rows, job, header))
+        lanes = f"{args.lanes} lanes" if args.lanes else "one lane per rank"
+        for line in big.reads + (small.reads if args.small_gb > 0 else []):
+            print(f"block plan reads ({lanes}): {line}")
         if args.json:
             with open(args.json, "w") as fh:
                 json.dump({"rows": rows, "job": job, "header": header}, fh, indent=1)
