@@ -22,8 +22,8 @@ import numpy as np
 from hpctrain.errors import ConfigError
 
 SHARE = 0.5            # of the memory available to the node's ranks
-BLOB_OVERHEAD = 48
-DEFAULT_PREFETCH = 2   # data.prefetch's default: a refusal that this would avoid blames data.prefetch     # a window slot's bytes object and its pointer, beyond the encoded bytes
+BLOB_OVERHEAD = 48     # a window slot's bytes object and its pointer, beyond the encoded bytes
+DEFAULT_PREFETCH = 2   # data.prefetch's default: a refusal it would avoid blames data.prefetch
 
 
 def available_bytes() -> int | None:

@@ -36,7 +36,8 @@ from hpctrain.ops.ckptfile import (FORMAT_VERSION, MAGIC, CheckpointError, decod
 from hpctrain.ops.metrics import NULL_TIMER, Timer
 
 __all__ = ["BCAST_CHUNK_BYTES", "CheckpointError", "Checkpointer", "FORMAT_VERSION", "MAGIC", "Position",
-           "checkpoint_name", "corrupt_files", "decode", "encode", "list_checkpoints", "load", "newest_work", "newest_valid",
+           "checkpoint_name", "corrupt_files", "decode", "encode", "list_checkpoints",
+           "load", "newest_work", "newest_valid",
            "of_run", "prune", "read_file", "read_header", "replan", "resume_spec", "rng_state", "set_rng_state",
            "write_file"]
 

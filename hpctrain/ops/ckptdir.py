@@ -118,9 +118,9 @@ def newest_valid(directory: str, warn=None, run_id: str | None = None,
                  check: Callable[[str, bytes], object] | None = None) -> tuple[str, dict, bytes] | None:
     """The checkpoint of run ``run_id`` (None: any) holding the newest work that verifies, or None
     if the run has none. Each one that fails verification — its digest, then ``check(path,
-    payload)`` if given (which raises :class:`CheckpointError`: e.g. :func:`~hpctrain.ops.ckptfile.load`)
-    — is set aside (:func:`set_aside`, with ``warn(msg)``). Raises :class:`CheckpointError` when none of this run's verifies but some
-    failed (now or on an earlier try): starting afresh would silently discard that work; or when
+    payload)`` if given (raising :class:`CheckpointError`: :func:`~hpctrain.ops.ckptfile.load`)
+    — is set aside (:func:`set_aside`, with ``warn(msg)``). Raises :class:`CheckpointError` when
+    none of this run's verifies but some failed (now or on an earlier try): starting afresh would silently discard that work; or when
     there is none of this run's but another run's: continuing from those would be its weights.
     The warnings are given only when a checkpoint is found: a refusal is one line."""
     foreign, warnings, unmoved = None, [], []
