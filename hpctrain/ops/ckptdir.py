@@ -120,8 +120,9 @@ def newest_valid(directory: str, warn=None, run_id: str | None = None,
     if the run has none. Each one that fails verification — its digest, then ``check(path,
     payload)`` if given (raising :class:`CheckpointError`: :func:`~hpctrain.ops.ckptfile.load`)
     — is set aside (:func:`set_aside`, with ``warn(msg)``). Raises :class:`CheckpointError` when
-    none of this run's verifies but some failed (now or on an earlier try): starting afresh would silently discard that work; or when
-    there is none of this run's but another run's: continuing from those would be its weights.
+    none of this run's verifies but some failed (now or on an earlier try): starting afresh would
+    silently discard that work; or when there is none of this run's but another run's: continuing
+    from those would be its weights.
     The warnings are given only when a checkpoint is found: a refusal is one line."""
     foreign, warnings, unmoved = None, [], []
     for e in reversed(entries(directory)):
