@@ -20,6 +20,8 @@ from mpi4py import MPI
 
 from hpctrain.errors import UserError
 
+LOCAL_STAGGER_S = 0.5       # per rank, up to rank 8: a user error's line comes from the lowest failing rank
+
 
 def install_abort_hook(comm: MPI.Comm) -> None:
     """Abort the whole job on an uncaught exception in any rank (main or any thread).
@@ -36,6 +38,8 @@ def install_abort_hook(comm: MPI.Comm) -> None:
         defer_s = getattr(exc, "defer_s", 0.0)
         if defer_s and size > 1:    # raised on every rank together: let the speaking rank's line win
             time.sleep(defer_s)
+        elif issubclass(exc_type, UserError) and size > 1:
+            time.sleep(min(rank, 8) * LOCAL_STAGGER_S)
         if issubclass(exc_type, UserError):       # the user's problem, found by this rank alone
             status = 2
             text = f"hpctrain: error: rank {rank}/{size}: {exc}\n"
