@@ -20,7 +20,9 @@ from mpi4py import MPI
 
 from hpctrain.errors import UserError
 
-LOCAL_STAGGER_S = 0.5       # per rank, up to rank 8: a user error's line comes from the lowest failing rank
+# per rank, up to rank 4: a user error's line comes from the lowest failing rank (Open MPI took over
+# 0.2 s to end a rank after another's abort on a loaded host: 0.5 s let two lines through)
+LOCAL_STAGGER_S = 1.0
 
 
 def install_abort_hook(comm: MPI.Comm) -> None:
@@ -39,7 +41,7 @@ def install_abort_hook(comm: MPI.Comm) -> None:
         if defer_s and size > 1:    # raised on every rank together: let the speaking rank's line win
             time.sleep(defer_s)
         elif issubclass(exc_type, UserError) and size > 1:
-            time.sleep(min(rank, 8) * LOCAL_STAGGER_S)
+            time.sleep(min(rank, 4) * LOCAL_STAGGER_S)
         if issubclass(exc_type, UserError):       # the user's problem, found by this rank alone
             status = 2
             text = f"hpctrain: error: rank {rank}/{size}: {exc}\n"
