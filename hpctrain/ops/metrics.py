@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sys
 import time
 from types import MappingProxyType
@@ -31,14 +32,20 @@ def set_history_aside(path: str) -> str | None:
     except FileNotFoundError:
         return None
     first = next(iter(read_records(os.path.dirname(path), limit=1)), {})
-    run_id = first.get("run_id") if isinstance(first.get("run_id"), str) else None
-    stem = os.path.join(os.path.dirname(path), f"metrics-{run_id or 'earlier'}")
+    run_id = first.get("run_id")
+    safe = isinstance(run_id, str) and re.fullmatch(r"[0-9A-Za-z_-]{1,64}", run_id)   # a file name, no path
+    stem = os.path.join(os.path.dirname(path), f"metrics-{run_id if safe else 'earlier'}")
     for n in range(10_000):
         target = f"{stem}.jsonl" if not n else f"{stem}.{n}.jsonl"
         try:
             os.link(path, target, follow_symlinks=False)
         except FileExistsError:
             continue
+        except OSError:                         # no hard links here (some FUSE mounts): a rename to a free name
+            if os.path.lexists(target):
+                continue
+            os.rename(path, target)
+            return target
         os.unlink(path)
         return target
     raise FileExistsError(f"{stem}.*.jsonl: no free name")

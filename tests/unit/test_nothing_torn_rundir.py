@@ -171,3 +171,9 @@ def test_a_timeline_that_cannot_be_written_is_one_line(tmp_path, chattr):
     with pytest.raises(WriteError, match=r"timeline\.json: cannot write"):
         write_trace(str(tmp_path / "timeline.json"), [(0, "rank 0", [], b"", b"", b"", 0)])
     assert (tmp_path / "timeline.json").read_text() == "{}"
+
+
+def test_a_hostile_run_id_in_the_history_names_no_path(tmp_path):
+    _history(tmp_path, run_id="../../escape")
+    MetricsLog(str(tmp_path), enabled=True, append=False).close()
+    assert sorted(os.listdir(tmp_path)) == ["metrics-earlier.jsonl", "metrics.jsonl"]
