@@ -23,6 +23,7 @@ from hpctrain.errors import ConfigError
 
 SHARE = 0.5            # of the memory available to the node's ranks
 BLOB_OVERHEAD = 48     # a window slot's bytes object and its pointer, beyond the encoded bytes
+DEFAULT_PREFETCH = 2   # data.prefetch's default: a refusal it would avoid blames data.prefetch
 
 
 def available_bytes() -> int | None:
@@ -40,19 +41,28 @@ def available_bytes() -> int | None:
         return None
 
 
-def loader_bytes(sample_shape, dtype: str, *, batch_size: int, shuffle_window: int, prefetch: int,
-                 stored_bytes: float | None = None) -> int:
-    """Bytes a training loader holds: the window buffers and the prefetched float32 batches.
-    ``stored_bytes``: JPEG shards' encoded bytes per sample; the window holds those, and the decode
-    pool's in-flight batches of decoded ``sample_shape`` are added."""
+def loader_parts(sample_shape, dtype: str, *, batch_size: int, shuffle_window: int, prefetch: int,
+                 stored_bytes: float | None = None) -> dict[str, int]:
+    """Bytes a training loader holds, by the option that sizes each part: the window buffers
+    (``data.shuffle_window``, at least ``train.batch_size``), the prefetched float32 batches
+    (``data.prefetch``) and, for JPEG (``stored_bytes`` encoded bytes per sample, held in the
+    window), the decode pool's in-flight batches of decoded ``sample_shape`` (``data.prefetch`` too)."""
     n = math.prod(int(d) for d in sample_shape)
     window = max(shuffle_window, batch_size)
     prefetched = (prefetch + 1) * batch_size * (n * 4 + 8)
     if stored_bytes is None:
-        return 2 * window * (n * np.dtype(dtype).itemsize + 8) + prefetched
+        return {"data.shuffle_window": 2 * window * (n * np.dtype(dtype).itemsize + 8), "data.prefetch": prefetched}
     from hpctrain.data.jpegstream import LOOKAHEAD
     in_flight = (prefetch + 2 + LOOKAHEAD) * batch_size * n * np.dtype(dtype).itemsize
-    return 2 * window * (math.ceil(stored_bytes) + BLOB_OVERHEAD + 8) + prefetched + in_flight
+    return {"data.shuffle_window": 2 * window * (math.ceil(stored_bytes) + BLOB_OVERHEAD + 8),
+            "data.prefetch": prefetched + in_flight}
+
+
+def loader_bytes(sample_shape, dtype: str, *, batch_size: int, shuffle_window: int, prefetch: int,
+                 stored_bytes: float | None = None) -> int:
+    """Bytes a training loader holds (:func:`loader_parts`, summed)."""
+    return sum(loader_parts(sample_shape, dtype, batch_size=batch_size, shuffle_window=shuffle_window,
+                            prefetch=prefetch, stored_bytes=stored_bytes).values())
 
 
 def jpeg_bytes_per_sample(index, split: str = "train") -> float | None:
@@ -70,20 +80,30 @@ def jpeg_bytes_per_sample(index, split: str = "train") -> float | None:
 
 def check_loader_memory(index, *, batch_size: int, shuffle_window: int, prefetch: int, local_size: int = 1,
                         available: int | None = None, split: str = "train") -> None:
-    """Raise :class:`ConfigError` naming ``data.shuffle_window`` (or ``train.batch_size``) if the
-    loader would take more than its share of the node's available memory."""
+    """Raise :class:`ConfigError` if the loader would take more than its share of the node's
+    available memory, naming the option to blame: ``data.prefetch`` when its default would fit,
+    else ``data.shuffle_window`` (or ``train.batch_size`` when the batch is larger than the window)."""
     avail = available_bytes() if available is None else available
     if not avail:
         return
     stored = jpeg_bytes_per_sample(index, split) if getattr(index, "encoding", "raw") == "jpeg" else None
-    need = loader_bytes(index.sample_shape, index.dtype, batch_size=batch_size, shuffle_window=shuffle_window,
-                        prefetch=prefetch, stored_bytes=stored)
+    parts = loader_parts(index.sample_shape, index.dtype, batch_size=batch_size, shuffle_window=shuffle_window,
+                         prefetch=prefetch, stored_bytes=stored)
+    need = sum(parts.values())
     share = int(avail * SHARE / max(local_size, 1))
     if need > share:
         what = (f"{index.dtype} {tuple(index.sample_shape)}" if stored is None else
                 f"JPEG (~{stored / 1024:,.0f} KiB each, decoded to {tuple(index.sample_shape)})")
-        key = "data.shuffle_window" if shuffle_window >= batch_size else "train.batch_size"
-        raise ConfigError(f"config {key}: a window of {max(shuffle_window, batch_size):,} samples of "
-                          f"{what} takes {need / 2**30:,.2f} GiB per rank, over "
+        lean = loader_parts(index.sample_shape, index.dtype, batch_size=batch_size, shuffle_window=shuffle_window,
+                            prefetch=min(prefetch, DEFAULT_PREFETCH), stored_bytes=stored)
+        if prefetch > DEFAULT_PREFETCH and sum(lean.values()) <= share:   # the default would fit: prefetch's fault
+            key, part = "data.prefetch", parts["data.prefetch"]
+            held = f"{prefetch + 1:,} prefetched batches of {batch_size:,} samples of {what}"
+        else:
+            key = "data.shuffle_window" if shuffle_window >= batch_size else "train.batch_size"
+            part = parts["data.shuffle_window"]
+            held = f"a window of {max(shuffle_window, batch_size):,} samples of {what}"
+        raise ConfigError(f"config {key}: {held} takes {part / 2**30:,.2f} "
+                          f"GiB per rank (the loader {need / 2**30:,.2f} GiB), over "
                           f"{SHARE:.0%} of the memory available to each of the node's {local_size} rank(s) "
                           f"({share / 2**30:,.2f} GiB); choose a smaller value")

@@ -29,8 +29,12 @@ Why byte blocks and not per-sample digests: they cover every byte (metadata incl
 knowledge of the sample layout in the index, and a 1 MiB block costs 35 bytes of index (a 140 GB
 dataset: 5 MB) where per-sample digests would cost one per 150 KB image or 3 KB CIFAR sample.
 ``"node"``: the ranks of each node share the at-open work over their own view of the files, for
-node-local copies; ``"off"``: no hashing. Neither way sees a file changed on disk after its check
-(labels stay range-checked on every read, and HDF5 checks its own structures).
+node-local copies; ``"off"``: no hashing. A file changed on disk after its check is caught by
+its size and modification time, looked at after every read (:meth:`ShardSet.read_into`): a size
+other than the index's stops the job (under every driver: ``mpio`` reads zeros past the end of
+a truncated file without an error), a new modification time makes this process check the file
+again (:meth:`ShardChecks.changed`, even with ``"off"`` the size is checked). Labels stay
+range-checked on every read, and HDF5 checks its own structures.
 
 The routes: :meth:`ShardChecks.collective` (at construction, over a communicator),
 :meth:`ShardChecks.before_open` (this process, at a shard's first open), :meth:`ShardChecks.verify_all`
@@ -165,6 +169,22 @@ class ShardChecks:
             if problem:
                 raise ShardError(problem[1])
             self.verified.add(i)
+
+    def changed(self, i: int) -> str | None:
+        """Shard ``i`` was modified since it was checked (its modification time moved): nothing checked
+        of it is trusted; its at-open check is made again now, its data blocks again as read. The
+        problem, or None."""
+        self.verified.discard(i)
+        blk = self.blocks.get(i)
+        if blk is not None:
+            blk.done[:] = False
+        if self.mode == "off":
+            return None
+        problem = self._first_problem([i], 1)
+        if problem:
+            return problem[1]
+        self.verified.add(i)
+        return None
 
     def mark_verified(self, shards) -> None:
         """Trust ``shards`` as checked by another process reading the same files (the node reader)."""

@@ -53,6 +53,7 @@ class ShardSet:
         self._direct: dict[int, tuple] = {}       # (x, y) DirectExtent or None, serial driver only
         self._stored: dict[int, tuple] = {}       # (x, y) extents whose bytes HDF5 reads as stored (mpio)
         self._fds: dict[int, int] = {}
+        self._seen: dict[int, tuple[int, int]] = {}   # (size, mtime_ns) of each open file when last checked
         atexit.register(_close_at_exit, weakref.ref(self))   # before h5py tears files down at exit
         if verify != "off" and comm is not None:
             self.checks.collective(comm, index.directory)
@@ -84,9 +85,11 @@ class ShardSet:
         if not os.path.exists(path):
             raise ShardError(f"{path}: shard file missing")
         try:
+            st = os.stat(path)
             fh = open_read(path, self.driver, self.comm)
         except OSError as exc:
             raise ShardError(f"{path}: cannot open shard (truncated or not HDF5: {exc})") from None
+        self._seen[i] = (st.st_size, st.st_mtime_ns)
         try:
             self._check(fh, entry, path)
         except ShardError:
@@ -184,28 +187,58 @@ class ShardSet:
         return x, y
 
     def read_into(self, start: int, stop: int, x: np.ndarray, y: np.ndarray) -> None:
-        """Read samples ``[start, stop)`` into ``x[:n]``, ``y[:n]`` (raw: straight from HDF5, no copy)."""
+        """Read samples ``[start, stop)`` into ``x[:n]``, ``y[:n]`` (raw: straight from HDF5, no copy).
+
+        After each shard's piece, the file is checked to be the one opened (:meth:`_unchanged`):
+        HDF5's ``mpio`` driver returns zeros past the end of a truncated file rather than an
+        error, and a block checked once would otherwise be trusted after the file changed."""
         for i, lo, hi, off in self._pieces(start, stop):
             self._open(i)
-            dx, dy = self._datasets[i]
-            ex, ey = self._direct.get(i, (None, None))
-            n = hi - lo
-            try:
-                if ex is not None:
-                    self.checks.read_direct(i, ex, lo, hi, x[off:off + n])
-                elif self.index.encoding == "jpeg":
-                    x[off:off + n] = dx[lo:hi]
-                elif n:
-                    dx.read_direct(x, np.s_[lo:hi], np.s_[off:off + n])
-                    self._check_stored(i, 0, lo, hi, x[off:off + n])
-                if ey is not None and dy.dtype == np.int64:
-                    self.checks.read_direct(i, ey, lo, hi, y[off:off + n])
-                else:
-                    y[off:off + n] = dy[lo:hi]
-                    self._check_stored(i, 1, lo, hi, y[off:off + n])
-            except OSError as exc:
-                raise ShardError(f"{self.path(i)}: read of samples {lo}..{hi} failed (truncated? {exc})") from None
-            self._check_labels(y[off:off + n], i, lo)
+            self._read_piece(i, lo, hi, off, x, y)
+            if not self._unchanged(i):          # modified, same size: read again, every block checked anew
+                self._read_piece(i, lo, hi, off, x, y)
+
+    def _unchanged(self, i: int) -> bool:
+        """Whether shard ``i`` still has the size the index gives (else the size it had at open) and
+        its modification time; a size changed raises :class:`ShardError`; a time changed (same size)
+        forgets what was checked of it (:meth:`ShardChecks.changed`) and returns False."""
+        path, (size, mtime_ns) = self.path(i), self._seen[i]
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            raise ShardError(f"{path}: shard file gone while the job reads it ({exc.strerror or exc})") from None
+        want = (self.entries[i].get("blocks") or {}).get("file_bytes", size)
+        if st.st_size != want or st.st_size != size:
+            raise ShardError(f"{path}: changed while the job reads it: now {st.st_size} bytes, {want} expected "
+                             f"(truncated or rewritten); restore it and resume")
+        if st.st_mtime_ns == mtime_ns:
+            return True
+        self._seen[i] = (st.st_size, st.st_mtime_ns)
+        problem = self.checks.changed(i)
+        if problem:
+            raise ShardError(problem)
+        return False
+
+    def _read_piece(self, i: int, lo: int, hi: int, off: int, x: np.ndarray, y: np.ndarray) -> None:
+        dx, dy = self._datasets[i]
+        ex, ey = self._direct.get(i, (None, None))
+        n = hi - lo
+        try:
+            if ex is not None:
+                self.checks.read_direct(i, ex, lo, hi, x[off:off + n])
+            elif self.index.encoding == "jpeg":
+                x[off:off + n] = dx[lo:hi]
+            elif n:
+                dx.read_direct(x, np.s_[lo:hi], np.s_[off:off + n])
+                self._check_stored(i, 0, lo, hi, x[off:off + n])
+            if ey is not None and dy.dtype == np.int64:
+                self.checks.read_direct(i, ey, lo, hi, y[off:off + n])
+            else:
+                y[off:off + n] = dy[lo:hi]
+                self._check_stored(i, 1, lo, hi, y[off:off + n])
+        except OSError as exc:
+            raise ShardError(f"{self.path(i)}: read of samples {lo}..{hi} failed (truncated? {exc})") from None
+        self._check_labels(y[off:off + n], i, lo)
 
     def _check_stored(self, i: int, which: int, lo: int, hi: int, out: np.ndarray) -> None:
         """Rows ``[lo, hi)`` of dataset ``which`` (0: x, 1: y) just read by HDF5: their blocks checked

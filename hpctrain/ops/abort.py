@@ -10,7 +10,9 @@ ranks that are not to speak wait that long first, so the job ends with one rank'
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
 import time
 import threading
@@ -19,6 +21,8 @@ import traceback
 from mpi4py import MPI
 
 from hpctrain.errors import UserError
+
+LOCAL_STAGGER_S = 1.0       # per rank, up to rank 4: a user error's line comes from the lowest failing rank
 
 
 def install_abort_hook(comm: MPI.Comm) -> None:
@@ -36,6 +40,12 @@ def install_abort_hook(comm: MPI.Comm) -> None:
         defer_s = getattr(exc, "defer_s", 0.0)
         if defer_s and size > 1:    # raised on every rank together: let the speaking rank's line win
             time.sleep(defer_s)
+        elif issubclass(exc_type, UserError) and size > 1:
+            with contextlib.suppress(ValueError):        # not the main thread: keep the handler
+                # this rank is ending: the launcher's SIGTERM after another rank's abort (Open MPI's) must
+                # end it here, not reach the stop-signal handler and leave it time to print its own line
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            time.sleep(min(rank, 4) * LOCAL_STAGGER_S)
         if issubclass(exc_type, UserError):       # the user's problem, found by this rank alone
             status = 2
             text = f"hpctrain: error: rank {rank}/{size}: {exc}\n"

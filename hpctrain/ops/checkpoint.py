@@ -13,7 +13,7 @@ Atomicity (the POSIX rename idiom, :mod:`hpctrain.ops.fileio`): write ``.ckpt-â€
 rename over the final name, fsync the directory â€” a job killed mid-write leaves only a stray
 temporary file; the previous checkpoints are untouched and still verify. The ``keep`` holding
 the newest work are kept (:mod:`~hpctrain.ops.ckptdir`: ordered by leg and samples seen, not by
-step). ``resume="auto"`` takes the newest work whose checksum verifies, setting a corrupt one
+step). ``resume="auto"`` takes the newest work whose checksum verifies and whose payload loads, setting any other
 aside as ``*.corrupt`` with a warning, and refuses (status 2) when none of the run's verifies.
 Rank 0 reads and verifies; the bytes are broadcast, so thousands of ranks do not all open the file.
 """
@@ -33,12 +33,13 @@ from hpctrain.models.ghostbn import rank_dependent_norm
 from hpctrain.ops.agree import first_difference, model_signature
 from hpctrain.ops.ckptdir import (checkpoint_name, corrupt_files, list_checkpoints, newest_work, newest_valid,
                                   of_run, prune)
-from hpctrain.ops.ckptfile import (FORMAT_VERSION, MAGIC, CheckpointError, decode, encode, read_file, read_header,
-                                   write_file)
+from hpctrain.ops.ckptfile import (FORMAT_VERSION, MAGIC, CheckpointError, decode, encode, load, read_file,
+                                   read_header, write_file)
 from hpctrain.ops.metrics import NULL_TIMER, Timer
 
 __all__ = ["BCAST_CHUNK_BYTES", "CheckpointError", "Checkpointer", "FORMAT_VERSION", "MAGIC", "Position",
-           "checkpoint_name", "corrupt_files", "decode", "encode", "list_checkpoints", "newest_work", "newest_valid",
+           "checkpoint_name", "corrupt_files", "decode", "encode", "list_checkpoints",
+           "load", "newest_work", "newest_valid",
            "of_run", "prune", "read_file", "read_header", "replan", "resume_spec", "rng_state", "set_rng_state",
            "write_file"]
 
@@ -113,6 +114,7 @@ class Checkpointer:
         self.last_path: str | None = None
         # the work so far: this leg of the run (ckptdir), and the samples seen when it began at base_step
         self.leg, self.base_step, self.base_samples = 0, 0, 0
+        self._loaded: dict | None = None              # rank 0: the state it decoded while choosing
 
     def _say(self, text: str) -> None:
         if self.rank == 0:
@@ -164,10 +166,12 @@ class Checkpointer:
         error: str | None = None
         newest: tuple[int, str] | None = None
         if self.rank == 0:
+            def check(p: str, data: bytes) -> None:      # decoded once, here: one that cannot be is set aside
+                self._loaded = load(p, data)
             try:
                 if spec == "auto":
                     found = newest_valid(self.directory, warn=lambda m: self._say(f"warning: {m}"),
-                                         run_id=self.run_id)
+                                         run_id=self.run_id, check=check)
                     if found is None:
                         self._say(f"no valid checkpoint in {self.directory}: starting from scratch")
                     else:
@@ -175,6 +179,7 @@ class Checkpointer:
                 else:
                     path = spec
                     _, payload = read_file(spec)
+                    check(spec, payload)
             except CheckpointError as exc:
                 error = str(exc)
             newest = newest_work(self.directory, self.run_id)     # after any corrupt one was set aside
@@ -201,7 +206,7 @@ class Checkpointer:
         path, payload, newest = self._fetch(spec)
         if payload is None:
             return None
-        state = decode(payload)
+        state, self._loaded = self._loaded or load(str(path), payload), None
         sig = model_signature(trainer.model)
         if state["model_signature"] != sig:
             raise CheckpointError(f"checkpoint {path} was written for a different model: this run has "

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from hpctrain.ops.ckptfile import CheckpointError, read_file, read_header
@@ -113,12 +114,15 @@ def set_aside(path: str) -> str:
     return target
 
 
-def newest_valid(directory: str, warn=None, run_id: str | None = None) -> tuple[str, dict, bytes] | None:
+def newest_valid(directory: str, warn=None, run_id: str | None = None,
+                 check: Callable[[str, bytes], object] | None = None) -> tuple[str, dict, bytes] | None:
     """The checkpoint of run ``run_id`` (None: any) holding the newest work that verifies, or None
-    if the run has none. Each one that fails verification is set aside (:func:`set_aside`, with
-    ``warn(msg)``). Raises :class:`CheckpointError` when none of this run's verifies but some
-    failed (now or on an earlier try): starting afresh would silently discard that work; or when
-    there is none of this run's but another run's: continuing from those would be its weights.
+    if the run has none. Each one that fails verification — its digest, then ``check(path,
+    payload)`` if given (raising :class:`CheckpointError`: :func:`~hpctrain.ops.ckptfile.load`)
+    — is set aside (:func:`set_aside`, with ``warn(msg)``). Raises :class:`CheckpointError` when
+    none of this run's verifies but some failed (now or on an earlier try): starting afresh would
+    silently discard that work; or when there is none of this run's but another run's: continuing
+    from those would be its weights.
     The warnings are given only when a checkpoint is found: a refusal is one line."""
     foreign, warnings, unmoved = None, [], []
     for e in reversed(entries(directory)):
@@ -127,6 +131,8 @@ def newest_valid(directory: str, warn=None, run_id: str | None = None) -> tuple[
             continue
         try:
             header, payload = read_file(e.path)
+            if check is not None:
+                check(e.path, payload)
         except CheckpointError as exc:
             kept = set_aside(e.path)
             where = f"kept as {kept}" if kept != e.path else "could not be renamed; left in place"

@@ -42,6 +42,27 @@ def decode(payload: bytes) -> dict:
     return torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
 
 
+# what Checkpointer.resume reads from a payload; a payload without them is not one of ours
+REQUIRED = ("step", "epoch", "step_in_epoch", "world_size", "global_batch", "trainer", "rng", "model_signature")
+
+
+def load(path: str, payload: bytes) -> dict:
+    """:func:`decode` a payload whose digest matched, or :class:`CheckpointError` naming ``path``:
+    the digest proves the bytes are the ones written, not that they are a checkpoint this hpctrain
+    loads (a payload of another program, or random bytes given a matching header). Never retried
+    with ``weights_only=False``: that would run whatever code the file names."""
+    try:
+        state = decode(payload)
+    except Exception as exc:            # torch raises UnpicklingError, RuntimeError, EOFError, ValueError…
+        raise CheckpointError(f"checkpoint {path}: digest matches but the payload cannot be loaded safely "
+                              f"(torch.load weights_only: {type(exc).__name__})") from None
+    missing = [k for k in REQUIRED if k not in state] if isinstance(state, dict) else list(REQUIRED)
+    if missing:
+        raise CheckpointError(f"checkpoint {path}: digest matches but the payload is not an hpctrain "
+                              f"checkpoint (no {', '.join(missing)})")
+    return state
+
+
 def write_file(path: str, payload: bytes, meta: dict) -> dict:
     """Write ``payload`` atomically to ``path`` with a header; returns the header."""
     header = {"format": FORMAT_VERSION, "sha256": hashlib.sha256(payload).hexdigest(),

@@ -1,33 +1,86 @@
 """Run metrics: ``RUN_DIR/metrics.jsonl``, one JSON object a line, written by rank 0.
 
 Lines carry an ``event`` ("config", "epoch", "eval", "summary"…); the last line of a finished
-run is the summary. Each line is flushed so a killed job keeps what it had.
+run is the summary. Each line is one ``write`` of the whole line (:func:`~hpctrain.ops.fileio.append_whole`):
+a killed job keeps what it had, and a write that fails (a full disk, an immutable file) leaves no
+half line: the job stops with one line naming the file (status 2). A fresh start in a directory
+that holds another run's history moves that history aside first (:func:`set_history_aside`).
 """
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import re
+import sys
 import time
 from types import MappingProxyType
 from typing import Any
 
+from hpctrain.ops.fileio import WriteError, append_whole, open_append, why
+
+METRICS_NAME = "metrics.jsonl"
+
+
+def set_history_aside(path: str) -> str | None:
+    """Move a non-empty ``path`` (an earlier run's history) to ``metrics-<run id>.jsonl`` beside it
+    (``metrics-<run id>.<n>.jsonl`` if taken; never over anything: a hard link, then an unlink);
+    returns the new path, or None if there was nothing to keep. Call holding the run directory."""
+    try:
+        if os.lstat(path).st_size == 0:
+            return None
+    except FileNotFoundError:
+        return None
+    first = next(iter(read_records(os.path.dirname(path), limit=1)), {})
+    run_id = first.get("run_id")
+    safe = isinstance(run_id, str) and re.fullmatch(r"[0-9A-Za-z_-]{1,64}", run_id)   # a file name, no path
+    stem = os.path.join(os.path.dirname(path), f"metrics-{run_id if safe else 'earlier'}")
+    for n in range(10_000):
+        target = f"{stem}.jsonl" if not n else f"{stem}.{n}.jsonl"
+        try:
+            os.link(path, target, follow_symlinks=False)
+        except FileExistsError:
+            continue
+        except OSError:                         # no hard links here (some FUSE mounts): a rename to a free name
+            if os.path.lexists(target):
+                continue
+            os.rename(path, target)
+            return target
+        os.unlink(path)
+        return target
+    raise FileExistsError(f"{stem}.*.jsonl: no free name")
+
 
 class MetricsLog:
+    """``append``: continue the file (a resume); else a fresh start, the earlier history set aside."""
+
     def __init__(self, run_dir: str, enabled: bool, append: bool = False):
         self.enabled = enabled
-        self.path = os.path.join(run_dir, "metrics.jsonl")
-        self._fh = None
+        self.path = os.path.join(run_dir, METRICS_NAME)
+        self.kept_as: str | None = None          # where a fresh start put the earlier history
+        self._fd: int | None = None
         self.observers: list = []     # each gets every record (``observer.record(rec)``), e.g. TensorBoard's
         if enabled:
-            os.makedirs(run_dir, exist_ok=True)
-            self._fh = open(self.path, "a" if append else "w")   # any resume continues the log, never clears it
+            try:
+                os.makedirs(run_dir, exist_ok=True)
+                if not append:
+                    self.kept_as = set_history_aside(self.path)
+                self._fd = open_append(self.path)     # any resume continues the log, never clears it
+            except OSError as exc:
+                raise WriteError(why(exc, self.path)) from None
+            if self.kept_as:
+                print(f"hpctrain: note: {self.path} held an earlier run's history: kept as {self.kept_as}",
+                      file=sys.stderr, flush=True)
 
     def log(self, event: str, **fields) -> dict:
         rec = {"event": event, "time": time.time(), **fields}
-        if self._fh:
-            self._fh.write(json.dumps(rec) + "\n")
-            self._fh.flush()
+        if self._fd is not None:
+            try:
+                append_whole(self._fd, (json.dumps(rec) + "\n").encode())
+            except OSError as exc:
+                self.close()                     # no second try on the way out
+                raise WriteError(f"{why(exc, self.path)}; the records before this one are whole, the "
+                                 f"checkpoints written are kept (--resume auto continues)") from None
         for observer in self.observers:
             observer.record(rec)
         return rec
@@ -38,17 +91,19 @@ class MetricsLog:
             observer.record({"event": event, **fields})
 
     def close(self) -> None:
-        if self._fh:
-            self._fh.close()
-            self._fh = None
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
 
 
-def read_records(run_dir: str) -> list[dict]:
-    """The records of ``RUN_DIR/metrics.jsonl`` so far (none if it is missing); a line that is not
-    a JSON object (a leg killed mid-write) is left out, not an error: this is history, read at a resume."""
-    out = []
+def read_records(run_dir: str, limit: int | None = None) -> list[dict]:
+    """The records of ``RUN_DIR/metrics.jsonl`` so far (none if it is missing; the first ``limit``);
+    a line that is not a JSON object (a leg killed mid-write) is left out, not an error: this is
+    history, read at a resume."""
+    out: list[dict] = []
     try:
-        with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
+        with open(os.path.join(run_dir, METRICS_NAME)) as fh:
             for line in fh:
                 try:
                     rec = json.loads(line)
@@ -56,6 +111,8 @@ def read_records(run_dir: str) -> list[dict]:
                     continue
                 if isinstance(rec, dict):
                     out.append(rec)
+                if limit is not None and len(out) >= limit:
+                    break
     except OSError:
         pass
     return out

@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass, field
 
 from hpctrain.errors import UserError
+from hpctrain.ops.fileio import atomic_open, why
 
 PHASE_ORDER = ["data", "forward", "backward", "allreduce", "optimizer", "checkpoint", "polish"]
 
@@ -31,6 +32,7 @@ class Run:
     summary: dict | None = None
     stopped: dict | None = None
     warnings: list = field(default_factory=list)   # "warning" records (input is the bottleneck)
+    skipped: str | None = None                   # lines not read (a write cut short), said once
 
     @property
     def world_size(self) -> int:
@@ -47,14 +49,28 @@ class Run:
 
 def load_run(path: str) -> Run:
     metrics = os.path.join(path, "metrics.jsonl")
+    recs, bad = [], []
     try:
-        with open(metrics) as fh:
-            recs = [json.loads(line) for line in fh if line.strip()]
+        with open(metrics, errors="replace") as fh:
+            for n, line in enumerate(fh, 1):
+                try:
+                    rec = json.loads(line) if line.strip() else None
+                except ValueError:
+                    rec = "bad"
+                if isinstance(rec, dict):
+                    recs.append(rec)
+                elif rec is not None:
+                    bad.append(n)
     except FileNotFoundError:
         raise ReportError(f"{metrics}: not found (is {path} a run directory?)") from None
-    except json.JSONDecodeError as exc:
-        raise ReportError(f"{metrics}: not JSON lines ({exc})") from None
+    except OSError as exc:
+        raise ReportError(f"{metrics}: {exc.strerror or exc}") from None
+    if bad and not recs:
+        raise ReportError(f"{metrics}: not JSON lines (line {bad[0]})")
     run = Run(path)
+    if bad:
+        run.skipped = (f"{metrics}: skipped {len(bad)} line(s) that are not a JSON record (line "
+                       f"{', '.join(map(str, bad[:3]))}{'…' if len(bad) > 3 else ''}: a write cut short)")
     by_epoch = {}
     for r in recs:
         kind = r.get("event")
@@ -202,7 +218,11 @@ def plot(run: Run, baseline: Run | None, out_dir: str) -> list[str]:
             ax.legend()
         fig.tight_layout()
         path = os.path.join(out_dir, name)
-        fig.savefig(path, dpi=110)
+        try:
+            with atomic_open(path, "wb") as fh:      # whole or absent, never through a link
+                fig.savefig(fh, dpi=110, format="png")
+        except OSError as exc:
+            raise ReportError(why(exc, path)) from None
         plt.close(fig)
         paths.append(path)
 
@@ -268,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run = load_run(args.run_dir)
         baseline = load_run(args.baseline) if args.baseline else None
+        for r in (run, baseline):
+            if r is not None and r.skipped:
+                print(f"hpctrain report: warning: {r.skipped}", file=sys.stderr)
         f = figures(run, baseline)
         print(json.dumps(f, indent=1) if args.json else format_report(f))
         if not args.no_plots:

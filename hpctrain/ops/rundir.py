@@ -15,6 +15,7 @@ from collections.abc import Callable
 from mpi4py import MPI
 
 from hpctrain.ops import runstate
+from hpctrain.ops.fileio import WriteError
 from hpctrain.ops.rundircheck import RunDirError, run_dir_problem
 from hpctrain.ops.runlock import hold_run_dirs, run_identity
 
@@ -32,11 +33,14 @@ class RunDirectory:
             stack.enter_context(hold_run_dirs(self.comm, [self.run_dir] + ([self.ckpt_dir] if self.ckpt_dir else [])))
             problem = run_dir_problem(self.run_dir, self.ckpt_dir or os.path.join(self.run_dir, "checkpoints")) \
                 if self.rank0 else None
-            problem = self.comm.bcast(problem, root=0)     # before anything is written, on every rank
+            if self.rank0 and not problem:          # how it ends: `hpctrain status RUN_DIR`
+                try:
+                    runstate.record(self.run_dir, "running")
+                except WriteError as exc:
+                    problem = str(exc)
+            problem = self.comm.bcast(problem, root=0)     # before anything else is written, on every rank
             if problem:
                 raise RunDirError(problem)
-            if self.rank0:                          # how it ends: `hpctrain status RUN_DIR`
-                runstate.record(self.run_dir, "running")
             stack.push(runstate.record_exit(self.run_dir, self.rank0))
             self._stack = stack.pop_all()
         return self
@@ -60,6 +64,7 @@ class RunDirectory:
         def record(text: str) -> None:
             # rank 0; rank 1 when rank 0 is the stalled one and rank 1's own watch ends the job
             if rank in (0, 1):
-                runstate.record(self.run_dir, "stalled", message=text, step=step())
+                with contextlib.suppress(WriteError):      # the job is ending with its own line
+                    runstate.record(self.run_dir, "stalled", message=text, step=step())
             log.log("stalled", message=text, step=step())         # metrics.jsonl: rank 0's log
         return record

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from hpctrain.errors import UserError
-from hpctrain.ops.fileio import atomic_write_text
+from hpctrain.ops.fileio import atomic_write_text, why
 
 if TYPE_CHECKING:                      # no MPI_Init for `hpctrain status`, which reads the lock
     from mpi4py import MPI
@@ -73,7 +73,8 @@ class RunLock:
     def acquire(self) -> None:
         """Take the lock and record this process in it; :class:`RunDirBusy` if another job has it."""
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)      # no O_TRUNC: the holder's record
+        # no O_TRUNC: the holder's record; no link followed (a planted one would have its target emptied)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         try:
             for tries_left in range(ACQUIRE_TRIES - 1, -1, -1):
                 try:
@@ -111,7 +112,7 @@ class RunLock:
     def holder(self) -> str | None:
         """Who holds the lock now (a description), or None if nobody does. Local; does not keep it."""
         try:
-            fd = os.open(self.path, os.O_RDONLY)
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
         except FileNotFoundError:
             return None
         try:
@@ -163,7 +164,7 @@ def hold_run_dirs(comm: MPI.Comm, directories: list[str]) -> Iterator[None]:
                 if lock.warning:
                     print(f"hpctrain: warning: {lock.warning}", file=sys.stderr, flush=True)
         except (RunDirBusy, OSError) as exc:
-            error = str(exc) if isinstance(exc, RunDirBusy) else f"cannot lock {d}: {exc.strerror or exc}"
+            error = str(exc) if isinstance(exc, RunDirBusy) else f"cannot lock {d}: {why(exc, lock.path)}"
             for lock in locks:
                 lock.release()
             locks = []
@@ -185,13 +186,13 @@ def run_identity(comm: MPI.Comm, run_dir: str, fresh: bool) -> str:
         path = os.path.join(run_dir, RUN_ID_NAME)
         try:
             if not fresh and os.path.exists(path):
-                with open(path) as fh:
+                with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW)) as fh:
                     run_id = fh.read().strip()
             if not run_id:
                 run_id = uuid.uuid4().hex[:16]
                 atomic_write_text(path, run_id + "\n")
         except OSError as exc:
-            error = f"run directory {run_dir}: cannot read or write {RUN_ID_NAME}: {exc.strerror or exc}"
+            error = f"run directory {run_dir}: cannot read or write {RUN_ID_NAME}: {why(exc, path)}"
     run_id, error = comm.bcast((run_id, error), root=0)
     if error:
         raise UserError(error)

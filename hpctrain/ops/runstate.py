@@ -18,7 +18,7 @@ import os
 import time
 from collections.abc import Callable
 
-from hpctrain.ops.fileio import atomic_write_text
+from hpctrain.ops.fileio import WriteError, atomic_write_text, why
 from hpctrain.ops.runlock import RunLock
 
 STATE_NAME = "state.json"
@@ -34,10 +34,14 @@ def now() -> str:
 
 
 def record(run_dir: str, state: str, **fields) -> None:
-    """Write the run's state (atomically; call on rank 0, holding the run directory's lock)."""
-    atomic_write_text(os.path.join(run_dir, STATE_NAME),
-                      json.dumps({"state": state, "time": now(), "unix_time": time.time(), "pid": os.getpid(),
-                                  **fields}) + "\n")
+    """Write the run's state (atomically; call on rank 0, holding the run directory's lock);
+    :class:`~hpctrain.ops.fileio.WriteError` (one line naming the file) if it cannot be."""
+    path = os.path.join(run_dir, STATE_NAME)
+    try:
+        atomic_write_text(path, json.dumps({"state": state, "time": now(), "unix_time": time.time(),
+                                            "pid": os.getpid(), **fields}) + "\n")
+    except OSError as exc:
+        raise WriteError(why(exc, path)) from None
 
 
 def read(run_dir: str) -> dict | None:
@@ -112,7 +116,7 @@ def record_exit(run_dir: str, enabled: bool) -> Callable[..., bool]:
             message = str(exc) if issubclass(exc_type, UserError) else f"{exc_type.__name__}: {exc}"
             try:
                 record(run_dir, getattr(exc_type, "run_state", "failed"), message=message)
-            except OSError:
+            except (OSError, WriteError):
                 pass                          # the error itself is what the user must see
         return False
     return exit_

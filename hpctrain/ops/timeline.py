@@ -20,7 +20,7 @@ from array import array
 
 from mpi4py import MPI
 
-from hpctrain.ops.fileio import atomic_open
+from hpctrain.ops.fileio import WriteError, atomic_open, why
 
 DEFAULT_MAX_EVENTS = 200_000
 
@@ -78,7 +78,15 @@ def chrome_events(packed: tuple) -> list[dict]:
 
 
 def write_trace(path: str, per_rank: list[tuple], other: dict | None = None) -> int:
-    """Write the merged trace atomically (:mod:`hpctrain.ops.fileio`); returns the event count."""
+    """Write the merged trace atomically (:mod:`hpctrain.ops.fileio`); returns the event count.
+    :class:`~hpctrain.ops.fileio.WriteError` (one line naming the file) if it cannot be written."""
+    try:
+        return _write_trace(path, per_rank, other)
+    except OSError as exc:
+        raise WriteError(why(exc, path)) from None
+
+
+def _write_trace(path: str, per_rank: list[tuple], other: dict | None) -> int:
     n = 0
     with atomic_open(path) as fh:
         fh.write('{"displayTimeUnit": "ms", "otherData": ' + json.dumps(other or {}) + ', "traceEvents": [\n')

@@ -20,7 +20,7 @@ from torch import nn
 from hpctrain.models import build_model
 from hpctrain.models.polish import bn_layers
 from hpctrain.ops.ckptdir import entries, of_run
-from hpctrain.ops.ckptfile import CheckpointError, decode, encode, read_file, read_header, write_file
+from hpctrain.ops.ckptfile import CheckpointError, decode, encode, load, read_file, read_header, write_file
 from hpctrain.saved.spec import SPEC_NAME, SavedModelError, read_spec
 
 POLISHED_NAME = "polished-bn.pt"
@@ -73,14 +73,14 @@ def run_weights(run_dir: str, step: int | None = None, warn=None) -> SavedWeight
                                   f"{', '.join(map(str, have)) or 'none'})")
     skipped = []
     for e in mine:
-        try:
+        try:       # torn, flipped or unloadable (weights_only refuses it): passed over, never renamed here
             header, payload = read_file(e.path)
+            state = load(e.path, payload)["trainer"]["model"]
         except CheckpointError as exc:
             skipped.append(str(exc))
             continue
         for line in skipped if warn else ():
             warn(f"{line}; passed over")
-        state = decode(payload)["trainer"]["model"]
         state = {k.removeprefix(COMPILED_PREFIX): v for k, v in state.items()}
         polished = _apply_polished(run_dir, header, state)
         return SavedWeights(state, spec, e.path, int(header["step"]), polished)

@@ -20,7 +20,9 @@ def test_list_names_every_case():
     assert cases == [["a", "same-run-dir"], ["b", "other-run-ckpt"], ["c", "sigstop"], ["d", "stop-signals"],
                      ["e", "kill9-resume"], ["f", "corrupt-ckpt"], ["g", "world-size"], ["h", "config-fuzz"],
                      ["i", "corrupt-shard"], ["j", "legs"], ["k", "all-corrupt"], ["l", "nan-test"],
-                     ["m", "index-fields"], ["n", "limits"], ["o", "run-dir"], ["p", "unrecorded"]]
+                     ["m", "index-fields"], ["n", "limits"], ["o", "run-dir"], ["p", "unrecorded"],
+                     ["q", "truncated-shard"], ["r", "metrics-unwritable"], ["s", "unloadable-ckpt"], ["t", "links"],
+                     ["u", "fresh-start"], ["v", "immutable"], ["w", "prefetch"]]
     assert os.access(SCRIPT, os.X_OK)
 
 
