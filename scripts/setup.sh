@@ -116,7 +116,7 @@ if ! "$vpy" -c 'import h5py,sys; sys.exit(not h5py.get_config().mpi)' 2>/dev/nul
   $vpy -m pip download -q --no-deps --no-binary=h5py -d "$src" "h5py${H5PY_SPEC:-}" >/dev/null
   sdist=$(ls "$src"/h5py-*.tar.gz)
   h5py_version=$(basename "$sdist" .tar.gz); h5py_version=${h5py_version#h5py-}
-  lib=$("$vpy" -c 'from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0].strip())')
+  lib=$("$vpy" -c 'from mpi4py import MPI; print(MPI.Get_library_version().replace(chr(0), "").splitlines()[0].strip())')
   hdf5=$(dpkg-query -W -f '${Version}' "libhdf5-$MPI-dev")
   pytag=$("$vpy" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
   wheel_key="h5py $h5py_version | $lib | libhdf5-$MPI-dev $hdf5 | $pytag"
