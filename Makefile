@@ -1,6 +1,7 @@
 # The README's commands. `make demo`: install everything into .venv, run the default job on 2 ranks.
-# `make test`: install if needed, run serial tests, then the MPI tests at -n 2 and -n 4 (Open MPI),
-# the batch scripts under Slurm, then the MPI, fault and data tests and the default job under MPICH.
+# `make test-fast`: lint and the tests that launch no MPI job (the inner loop, a few minutes).
+# `make test` (CI): install if needed, run serial tests, then the MPI tests at -n 2 and -n 4 (Open MPI),
+# the batch scripts under Slurm, then what depends on the MPI library under MPICH.
 # MPI=mpich (setup, demo, bench): the same against Debian's MPICH in .venv-mpich, launched by
 # mpiexec.mpich (Debian's plain `mpiexec` stays Open MPI's when both are installed).
 # test-gpu and gpu-check take PY and MPIEXEC from the command line or the environment, as they are
@@ -31,13 +32,21 @@ export OMP_NUM_THREADS := 1
 # PMIx server picks the security mode.
 export PMIX_MCA_psec ?= native
 PYTEST_MPI := -m pytest --only-mpi -q -p no:cacheprovider --color=no --timeout=300
-# The MPICH leg of `make test`: its own venv (mpi4py and h5py built on MPICH) and launcher.
+# The MPICH leg of `make test`: its own venv (mpi4py and h5py built on MPICH) and launcher. It runs
+# what depends on the MPI library: its collectives, windows and communicators under every strategy
+# (collectives, strategies, overlap's Iallreduce against Allreduce, resources freed), the
+# agreements and signals across ranks (ops_faults), MPI-IO and node windows (data_*: node reader,
+# integrity, parallel conversion), Horovod's collectives against mpi4py's and its process sets
+# (horovod_ops, _errors, _init_ranks), torch.distributed from the MPI launch (ddp). What merely runs
+# under MPI (the training maths, codecs, staging, benchmarks, the Horovod optimiser) runs under Open
+# MPI only: it calls the same collectives checked here.
 MPICH_VENV ?= .venv-mpich
 MPICH_PY   := $(MPICH_VENV)/bin/python
 MPICH_EXEC ?= mpiexec.mpich
-MPICH_MPI_TESTS := tests/mpi/test_collectives.py $(wildcard tests/mpi/test_comm_*.py) \
-	tests/mpi/test_equivalence.py tests/mpi/test_trainer_buffers.py tests/mpi/test_ops_faults.py \
-	$(wildcard tests/mpi/test_data_*.py) $(wildcard tests/mpi/test_horovod_*.py) tests/mpi/test_ddp.py
+MPICH_MPI_TESTS := tests/mpi/test_collectives.py tests/mpi/test_comm_strategies.py tests/mpi/test_comm_overlap.py \
+	tests/mpi/test_comm_resources.py tests/mpi/test_ops_faults.py \
+	tests/mpi/test_data_node.py tests/mpi/test_data_integrity.py tests/mpi/test_data_convert.py \
+	tests/mpi/test_horovod_ops.py tests/mpi/test_horovod_errors.py tests/mpi/test_horovod_init_ranks.py tests/mpi/test_ddp.py
 # -n 4 on 2 emulated nodes, only where the topology matters (MPICH busy-polls, so 4 ranks on
 # 2 cores run each test several times slower than at -n 2; the rest runs at -n 4 under Open MPI):
 # test_comm_strategies.py is the regression test of a deadlock MPICH showed when a bucket's
@@ -46,17 +55,16 @@ MPICH_MPI_TESTS := tests/mpi/test_collectives.py $(wildcard tests/mpi/test_comm_
 # rounds) give the same bytes; test_equivalence.py checks 4 ranks against one process.
 MPICH_MPI_TESTS_4 := tests/mpi/test_comm_strategies.py tests/mpi/test_comm_overlap.py tests/mpi/test_equivalence.py
 # Job tests where the launcher's or the library's own behaviour matters (aborts, kill -9, signals,
-# a stalled rank, a collective mismatch, the default job); the run-directory lock and the DDP
-# example do not depend on the MPI and run under Open MPI only (CI time).
+# a stalled rank, a collective mismatch, launcher statuses); a whole job under MPICH is
+# test_mpich.py's fp16 hierarchical run at 4 ranks. The run-directory lock, the DDP example and
+# the default job's accuracy do not depend on the MPI and run under Open MPI only (CI time).
 MPICH_JOB_TESTS := tests/integration/test_mpich.py tests/integration/test_failures.py \
-	tests/integration/test_default_job.py tests/integration/test_horovod_mismatch.py \
-	tests/integration/test_ops_watchdog.py tests/integration/test_ops_status.py
+	tests/integration/test_horovod_mismatch.py tests/integration/test_ops_watchdog.py tests/integration/test_ops_status.py
 # The mid-run fault's message check: see test_mpich.py test_exception_mid_run_ends_the_job_promptly.
-MPICH_JOB_SKIP := not test_training_fault_mid_run_names_rank \
-	and not test_default_job_reaches_target[1] and not test_default_job_reaches_target[4]
+MPICH_JOB_SKIP := not test_training_fault_mid_run_names_rank
 LIBVERSION = -c 'from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0].strip())'
 
-.PHONY: setup setup-mpich demo test lint test-serial test-mpi test-slurm test-mpich test-gpu gpu-venv gpu-check test-gpu-rehearsal docs bench clean
+.PHONY: setup setup-mpich demo test test-fast lint test-serial test-mpi test-slurm test-mpich test-gpu gpu-venv gpu-check test-gpu-rehearsal docs bench clean
 # GPU=auto|1|0 (CUDA=12|13): torch's CUDA build and CuPy on GPU nodes (scripts/gpu_choice.py);
 # DRY_RUN=1 says what would be installed.
 GPU      ?= auto
@@ -92,9 +100,20 @@ lint: setup
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet -d site && echo "== [docs] built site/ (open site/index.html)"
 
-# Two workers, a file each at a time (most of these tests wait on launched jobs).
+# The inner loop: lint, then the unit and kernel tests on two workers; no MPI job is launched
+# (docs/development.md, "Which tests when"). Budget: 3 minutes on this 2-core machine.
+FAST_TESTS := tests/unit tests/kernels
+test-fast: setup
+	$(MAKE) --no-print-directory lint
+	$(PY) -m pytest -q -n 2 --dist loadgroup $(FAST_TESTS)
+
+# Two workers, each taking the next test when it is free (--dist loadgroup: only the tests sharing a
+# module-scoped fixture stay together, tests/conftest.py), then the tests marked `alone` (a wall
+# time against a bound) by themselves.
+SERIAL_TESTS := tests/unit tests/kernels tests/integration
 test-serial:
-	$(PY) -m pytest -q -n 2 --dist loadfile tests/unit tests/kernels tests/integration
+	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not alone" $(SERIAL_TESTS)
+	$(PY) -m pytest -q -m alone $(SERIAL_TESTS) || [ $$? = 5 ]     # 5: none marked
 
 # Horovod's API also at -n 3 (an odd size: uneven reducescatter splits, a process set of 2 in 3).
 test-mpi:
@@ -168,15 +187,16 @@ test-slurm: setup
 	@bash scripts/slurm/start.sh || echo "[test-slurm] Slurm could not be started: its tests will be skipped"
 	env -u PMIX_MCA_psec HPCTRAIN_TEST_SLURM=1 $(PY) -m pytest -q -rs tests/integration/test_ops_slurm.py
 
-# MPICH (Hydra): MPI comm, trainer, fault and data tests at -n 2 (the -n 4 topologies of a subset),
-# then aborts, kill -9, a stop signal through a batch script and the default job at 2 ranks
+# MPICH (Hydra): the MPI tests that depend on the library at -n 2 (the -n 4 topologies of a subset),
+# then aborts, kill -9, a stall, stop signals through the launcher and a batch script
 # (tests/integration/mpirun.py launches with HPCTRAIN_MPIEXEC; two files at a time, as test-serial).
 test-mpich: setup-mpich
 	@echo "== [test-mpich] MPI tests under $$($(MPICH_PY) $(LIBVERSION)) ($(MPICH_EXEC))"
 	$(MPICH_EXEC) -n 2 $(MPICH_PY) $(PYTEST_MPI) $(MPICH_MPI_TESTS)
 	$(MPICH_EXEC) -n 4 $(MPICH_PY) $(PYTEST_MPI) $(MPICH_MPI_TESTS_4)
-	@echo "== [test-mpich] faults, stop signals and the default job under MPICH"
-	HPCTRAIN_MPIEXEC=$(MPICH_EXEC) $(MPICH_PY) -m pytest -q -rs -n 2 --dist loadfile $(MPICH_JOB_TESTS) -k "$(MPICH_JOB_SKIP)"
+	@echo "== [test-mpich] aborts, kills, stalls and stop signals under MPICH"
+	HPCTRAIN_MPIEXEC=$(MPICH_EXEC) $(MPICH_PY) -m pytest -q -rs -n 2 --dist loadgroup $(MPICH_JOB_TESTS) -k "$(MPICH_JOB_SKIP)" -m "not alone"
+	HPCTRAIN_MPIEXEC=$(MPICH_EXEC) $(MPICH_PY) -m pytest -q -rs $(MPICH_JOB_TESTS) -k "$(MPICH_JOB_SKIP)" -m alone || [ $$? = 5 ]
 
 bench: setup
 	$(MPIEXEC) -n 2 $(PY) -m hpctrain bench allreduce

@@ -106,16 +106,47 @@ is_bound "$([ "$MPI" = mpich ] && echo MPICH || echo 'Open MPI')" || { say "ERRO
 #    Its C files compile on every core: setuptools reads [build_ext] parallel from the extra config
 #    file DIST_EXTRA_CONFIG names (h5py's cythonize step before it stays serial; 145 -> 105 s here).
 #    nproc counts without OMP_NUM_THREADS, which it honours and the Makefile sets to 1.
+#    The wheel is kept in a cache keyed by everything its binary depends on: this MPI's full
+#    library version string (as mpi4py reports it), the parallel HDF5 package's version, h5py's
+#    version and the Python tag; a second venv on the same machine (a fresh clone) installs it in
+#    seconds, and a machine without it (or with another MPI build) compiles it. HPCTRAIN_WHEEL_CACHE
+#    moves the cache; an empty value turns it off.
 if ! "$vpy" -c 'import h5py,sys; sys.exit(not h5py.get_config().mpi)' 2>/dev/null; then
-  say "building h5py against Debian's parallel HDF5 for $MPI (about 2 minutes, once)"
-  par_cfg=$(mktemp)
-  printf '[build_ext]\nparallel = %s\n' "$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)" > "$par_cfg"
-  if ! DIST_EXTRA_CONFIG=$par_cfg HDF5_MPI=ON CC=mpicc.$MPI HDF5_DIR=/usr/lib/x86_64-linux-gnu/hdf5/$MPI \
-       $pip --no-cache-dir --no-build-isolation --no-binary=h5py h5py; then
-    say "WARNING: parallel h5py did not build; falling back to serial h5py (per-shard reads, no mpio)"
-    $pip h5py
+  src=$(mktemp -d)
+  $vpy -m pip download -q --no-deps --no-binary=h5py -d "$src" "h5py${H5PY_SPEC:-}" >/dev/null
+  sdist=$(ls "$src"/h5py-*.tar.gz)
+  h5py_version=$(basename "$sdist" .tar.gz); h5py_version=${h5py_version#h5py-}
+  lib=$("$vpy" -c 'from mpi4py import MPI; print(MPI.Get_library_version().replace(chr(0), "").splitlines()[0].strip())')
+  hdf5=$(dpkg-query -W -f '${Version}' "libhdf5-$MPI-dev")
+  pytag=$("$vpy" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+  wheel_key="h5py $h5py_version | $lib | libhdf5-$MPI-dev $hdf5 | $pytag"
+  cache=${HPCTRAIN_WHEEL_CACHE-${XDG_CACHE_HOME:-$HOME/.cache}/hpctrain/wheels}
+  slot=""
+  if [ -n "$cache" ]; then
+    slot="$cache/h5py-$h5py_version-$MPI-$(printf '%s' "$wheel_key" | sha256sum | cut -c1-16)"
   fi
-  rm -f "$par_cfg"
+  if [ -n "$slot" ] && [ "$(cat "$slot/key" 2>/dev/null)" = "$wheel_key" ] && ls "$slot"/h5py-*.whl >/dev/null 2>&1; then
+    say "installing h5py from the wheel cache ($slot: $wheel_key)"
+    $pip --no-deps "$slot"/h5py-*.whl
+  else
+    say "building h5py against Debian's parallel HDF5 for $MPI (about 2 minutes, once per machine: $wheel_key)"
+    par_cfg=$(mktemp)
+    printf '[build_ext]\nparallel = %s\n' "$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)" > "$par_cfg"
+    if DIST_EXTRA_CONFIG=$par_cfg HDF5_MPI=ON CC=mpicc.$MPI HDF5_DIR=/usr/lib/x86_64-linux-gnu/hdf5/$MPI \
+         $vpy -m pip wheel -q --no-cache-dir --no-build-isolation --no-deps -w "$src/built" "$sdist"; then
+      $pip --no-deps "$src"/built/h5py-*.whl
+      if [ -n "$slot" ]; then       # written aside, then renamed: a half-written slot is never served
+        mkdir -p "$cache" && tmp_slot=$(mktemp -d "$cache/.tmp-XXXXXX")
+        cp "$src"/built/h5py-*.whl "$tmp_slot"/ && printf '%s' "$wheel_key" > "$tmp_slot/key"
+        rm -rf "$slot" && mv "$tmp_slot" "$slot" && say "h5py wheel cached in $slot"
+      fi
+    else
+      say "WARNING: parallel h5py did not build; falling back to serial h5py (per-shard reads, no mpio)"
+      $pip h5py
+    fi
+    rm -f "$par_cfg"
+  fi
+  rm -rf "$src"
 fi
 
 # 5. The project itself, editable, with its test tools (the MPICH venv skips the CPU CI's CuPy: it

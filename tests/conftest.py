@@ -62,6 +62,19 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = 1
 
 
+@pytest.hookimpl(tryfirst=True)      # before xdist reads the groups (its own hook, same name)
+def pytest_collection_modifyitems(config, items):
+    """The serial suite runs on two pytest-xdist workers with ``--dist loadgroup``: a test goes to
+    whichever worker is free, except that the tests of a module sharing a module- or class-scoped
+    fixture (one finished run several tests inspect, a converted dataset) form one group, so the
+    fixture is made once, on one worker, instead of once on each."""
+    for item in items:
+        defs = getattr(item, "_fixtureinfo", None)
+        scopes = {d.scope for fds in (defs.name2fixturedefs.values() if defs else ()) for d in fds}
+        if scopes & {"module", "class"}:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
 @pytest.fixture
 def closer():
     """``closer(obj)`` returns ``obj`` and calls ``obj.close()`` in teardown, newest first.

@@ -1,6 +1,6 @@
 """End to end: numbers that would poison a run stop it with one line and status 2.
 
-Bad configuration (serial CLI: its stderr is exactly our line): a non-UTF-8 TOML file, inf in
+Bad configuration (the CLI's entry in process: its stderr is exactly our line): a non-UTF-8 TOML file, inf in
 TOML, an unregistered strategy, a run directory that is a file, a loss scale fp32 cannot carry.
 Bad training (``mpiexec -n 2``): fp16 compression without loss scaling at a huge lr (F8, which
 used to end with every weight NaN and status 0) and OD-SGD at a huge lr stop on every rank with
@@ -12,7 +12,7 @@ import re
 import pytest
 
 from tests.integration.mpirun import mpirun
-from tests.unit.test_config import run_cli
+from tests.integration.inprocess import run_cli
 
 
 @pytest.mark.parametrize("case,line", [
@@ -22,7 +22,7 @@ from tests.unit.test_config import run_cli
     ("run_dir_file", r"config run\.run_dir: .*afile exists and is not a directory"),
     ("init_scale", r"config precision\.init_scale: must be in \[1, 16777216\], got 1e\+30"),
 ])
-def test_bad_config_one_line_status_2(tmp_path, case, line):
+def test_bad_config_one_line_status_2(tmp_path, capsys, case, line):
     run_dir = tmp_path / "run"
     args = {
         "latin1_toml": ["--config", str(tmp_path / "bad.toml")],
@@ -36,7 +36,7 @@ def test_bad_config_one_line_status_2(tmp_path, case, line):
     if case == "run_dir_file":
         run_dir = tmp_path / "afile"
         run_dir.write_text("not a directory")
-    r = run_cli(*args, "--run-dir", str(run_dir), "--epochs", "1", "--no-progress")
+    r = run_cli(capsys, *args, "--run-dir", str(run_dir), "--epochs", "1", "--no-progress")
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and re.fullmatch(r"hpctrain: error: " + line, lines[0]), r.stderr

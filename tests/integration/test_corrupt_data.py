@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 
+from tests.integration.inprocess import run_cli
 from tests.integration.mpirun import mpirun
 from tests.shard_files import convert_digits, flip
 
@@ -28,12 +29,18 @@ NODE_READER = ("--ranks-per-node", "2", "--set", "data.reader=node")
 @pytest.mark.parametrize("shard,pos,extra", [("train-00001-of-00004.h5", 7000, ()),
                                              ("test-00003-of-00004.h5", 900, ()),
                                              ("train-00003-of-00004.h5", 900, NODE_READER)])
-def test_flipped_byte_stops_the_job_with_one_line(digits, tmp_path, shard, pos, extra):
-    """Also with one reader per node: the other local ranks must not wait for its window."""
+def test_flipped_byte_stops_the_job_with_one_line(digits, tmp_path, capsys, shard, pos, extra):
+    """Also with one reader per node: the other local ranks must not wait for its window. The
+    check runs when the shards are opened, before any step: the cases with one reader per rank
+    call the CLI in process (one rank); the node reader's is the data refusal's real launch."""
     d = str(tmp_path / "data")
     shutil.copytree(digits, d)
     flip(os.path.join(d, shard), pos)
-    r, secs = train(d, tmp_path / "run", extra=extra)
+    if extra:
+        r, secs = train(d, tmp_path / "run", extra=extra)
+    else:
+        r = run_cli(capsys, "--run-dir", str(tmp_path / "run"), "--epochs", "1", "--data", d, "--no-progress")
+        secs = 0.0
     ours = [line for line in r.stderr.splitlines() if line.startswith("hpctrain")]
     assert r.returncode == 2, r.stderr[-2000:]
     assert "Traceback" not in r.stderr and len(ours) == 1, r.stderr[-2000:]

@@ -1,9 +1,15 @@
-"""A rank that fails must fail the job: promptly, non-zero, naming the rank."""
+"""A rank that fails must fail the job: promptly, non-zero, naming the rank.
+
+"Promptly" is a wall-time bound: the file runs alone (marker ``alone``), after the parallel part."""
 import os
 import signal
 import time
 
+import pytest
+
 from tests.integration.mpirun import IMPL, MPIEXEC, mpirun, rank_pids, start_training
+
+pytestmark = pytest.mark.alone
 
 RAISE_ON_RANK_1 = """
 from mpi4py import MPI

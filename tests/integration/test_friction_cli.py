@@ -6,6 +6,7 @@ import sys
 
 import numpy as np
 
+from tests.integration.inprocess import run_cli
 from tests.integration.mpirun import ENV
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -40,7 +41,7 @@ def test_model_file_path_factory_trains_one_step(tmp_path):
     assert lines[0]["config"]["model"]["name"] == "models/conv.py:make"
 
 
-def test_startup_line_and_the_channel_axis_hint(tmp_path):
+def test_startup_line_and_the_channel_axis_hint(tmp_path, capsys):
     """(N, 40) arrays make samples of shape (40,): the model fails, and the one line says why;
     a run states its effective lr and why at start-up."""
     rng = np.random.default_rng(1)
@@ -52,8 +53,7 @@ def test_startup_line_and_the_channel_axis_hint(tmp_path):
     assert r.returncode == 0, r.stderr
     args = [sys.executable, "-m", "hpctrain", "--data", "flat", "--run-dir", "run", "--no-progress",
             "--max-steps", "1", "--batch-size", "16"]
-    r = subprocess.run(args + ["--model", "conv.py:make"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                       timeout=180)
+    r = run_cli(capsys, *args[3:], "--model", "conv.py:make", cwd=tmp_path)     # a refusal: in process
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert "hint: each sample has shape (40,)" in r.stderr and "(N, 1, 40)" in r.stderr, r.stderr
     (tmp_path / "lin.py").write_text("import torch\ndef make(num_classes):\n"
@@ -64,7 +64,7 @@ def test_startup_line_and_the_channel_axis_hint(tmp_path):
     assert "lr 0.0125 = 0.2 x 16/256 (optim.scale_lr; set optim.scale_lr=false to use 0.2 as given)" in r.stdout
 
 
-def test_1d_samples_without_a_channel_axis_get_a_hint(tmp_path):
+def test_1d_samples_without_a_channel_axis_get_a_hint(tmp_path, capsys):
     """(N, 16) arrays → samples (16,) → in_channels=16 → a Conv1d model fails: the one error line
     names the fix, a channel axis (N, 1, 16)."""
     rng = np.random.default_rng(0)
@@ -74,9 +74,8 @@ def test_1d_samples_without_a_channel_axis_get_a_hint(tmp_path):
     r = subprocess.run([sys.executable, "-m", "hpctrain.data_tools", "convert", "--from", "npz", "flat.npz", "--out", "shards",
                         "--no-progress"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    r = subprocess.run([sys.executable, "-m", "hpctrain", "--model", "conv.py:make", "--data", "shards",
-                        "--run-dir", "run", "--no-progress", "--max-steps", "1", "--batch-size", "16"],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    r = run_cli(capsys, "--model", "conv.py:make", "--data", "shards", "--run-dir", "run", "--no-progress",
+                "--max-steps", "1", "--batch-size", "16", cwd=tmp_path)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "in_channels=16" in lines[0] and "(N, 1, 16)" in lines[0], r.stderr

@@ -7,7 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from tests.integration.mpirun import ENV, mpirun
+from tests.integration.inprocess import run_cli
+from tests.integration.mpirun import mpirun
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -47,11 +48,8 @@ def test_user_factory_trains(seq_shards, tmp_path):
     ("tests.integration.fixtures.seqmodels:not_a_module", "returned str, not a torch.nn.Module"),
     ("tests.integration.fixtures.seqmodels:wrong_classes", "but the data has 4 classes"),
 ])
-def test_factory_errors_are_one_line(seq_shards, tmp_path, model, expect):
-    env = {**os.environ, **ENV, "PYTHONPATH": ROOT}
-    r = subprocess.run([sys.executable, "-m", "hpctrain", "--model", model, "--data", seq_shards,
-                        "--run-dir", str(tmp_path), "--no-progress"], capture_output=True, text=True, env=env,
-                       timeout=120)
+def test_factory_errors_are_one_line(seq_shards, tmp_path, capsys, model, expect):
+    r = run_cli(capsys, "--model", model, "--data", seq_shards, "--run-dir", str(tmp_path), "--no-progress")
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and expect in lines[0], r.stderr

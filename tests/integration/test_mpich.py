@@ -5,8 +5,9 @@ What differs from Open MPI and is checked here: Hydra starts the ranks under a
 it receives to every rank (but may then exit 0: the batch scripts correct that), MPICH aborts the
 job on a native fp16 reduction (hpctrain reduces fp16 itself), and the parallel HDF5 is Debian's
 ``libhdf5-mpich``. The rest (exception on one rank →
-abort, the default job) runs from ``test_failures.py`` / ``test_default_job.py`` with the same
-launcher (``tests/integration/mpirun.py``).
+abort, kill -9, a stalled rank, stop statuses) runs from ``test_failures.py``, ``test_ops_watchdog.py``
+and ``test_ops_status.py`` with the same launcher (``tests/integration/mpirun.py``); a whole job
+under MPICH is :func:`test_fp16_hierarchical_job_runs`.
 """
 import json
 import os

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from tests.integration.inprocess import run_cli
 from tests.integration.mpirun import mpirun
 
 
@@ -25,15 +26,16 @@ def test_digits_job_with_odsgd_and_a_slow_link(tmp_path):
 
 
 def test_option_errors_are_one_line(tmp_path):
+    """The config refusal's real launch: status 2 reaches mpiexec."""
     r, _ = mpirun(2, ["-m", "hpctrain", "--run-dir", str(tmp_path), "--no-progress",
                       "--set", "update.algorithm=odsgd", "--set", "update.odsgd.local_momentum=1.5"], timeout=120)
     assert r.returncode == 2, r.stderr[-2000:]
     assert "update.odsgd.local_momentum: must be in [0, 1)" in r.stderr
 
 
-def test_lars_without_a_local_lr_is_one_line(tmp_path):
-    r, _ = mpirun(2, ["-m", "hpctrain", "--run-dir", str(tmp_path), "--no-progress", "--optimizer", "lars",
-                      "--set", "update.algorithm=odsgd"], timeout=120)
+def test_lars_without_a_local_lr_is_one_line(tmp_path, capsys):
+    r = run_cli(capsys, "--run-dir", str(tmp_path), "--no-progress", "--optimizer", "lars",
+                "--set", "update.algorithm=odsgd")
     assert r.returncode == 2, r.stderr[-2000:]
     assert "Traceback" not in r.stderr
     assert "hpctrain: error: update.odsgd.local_lr: set it explicitly with LARS" in r.stderr

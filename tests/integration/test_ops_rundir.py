@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 
+from tests.integration.inprocess import run_cli
 from tests.integration.mpirun import mpirun, rank_pids, start_training
 
 ARGS = ["-m", "hpctrain", "--no-progress"]
@@ -38,7 +39,7 @@ def test_second_job_on_a_run_dir_stops_naming_the_holder(tmp_path):
     assert (tmp_path / "run_id").read_bytes() == before["run_id"]          # a resume keeps the run's identity
 
 
-def test_resume_auto_refuses_another_runs_checkpoint(tmp_path):
+def test_resume_auto_refuses_another_runs_checkpoint(tmp_path, capsys):
     r, _ = mpirun(1, [*ARGS, "--run-dir", str(tmp_path), "--max-steps", "3"], timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     assert status(tmp_path)[0] == 0
@@ -47,8 +48,8 @@ def test_resume_auto_refuses_another_runs_checkpoint(tmp_path):
     r, _ = mpirun(1, [*ARGS, "--run-dir", str(tmp_path), "--max-steps", "3", "--seed", "5"], timeout=120,
                   env={"HPCTRAIN_INJECT_FAULT": "0:1"})
     assert r.returncode != 0 and "injected fault" in r.stderr
-    r, _ = mpirun(2, [*ARGS, "--run-dir", str(tmp_path), "--max-steps", "3", "--seed", "5", "--resume", "auto"],
-                  timeout=120)
+    # the refusal is decided at start-up, before any step: the CLI's entry in process
+    r = run_cli(capsys, *ARGS[2:], "--run-dir", str(tmp_path), "--max-steps", "3", "--seed", "5", "--resume", "auto")
     assert r.returncode == 2, r.stderr[-3000:]
     lines = [x for x in r.stderr.splitlines() if x.startswith("hpctrain:")]
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]

@@ -29,6 +29,7 @@ def world_rank(pid: int) -> int:
     return int(env.get("OMPI_COMM_WORLD_RANK", env.get("PMI_RANK", -1)))
 
 
+@pytest.mark.alone              # the end within the abort bound: a wall time
 @pytest.mark.parametrize("victim", [1, 0])
 def test_stopped_rank_ends_the_job_with_status_4(tmp_path, victim):
     """A rank stopped in place (SIGSTOP) is named and the job ends with status 4 within the abort

@@ -9,6 +9,7 @@ import h5py
 import pytest
 
 from hpctrain.ops import checkpoint as ck
+from tests.integration.inprocess import run_cli
 from tests.integration.mpirun import mpirun, rank_pids, start_training
 
 ARGS = ["-m", "hpctrain", "--no-progress"]
@@ -48,19 +49,19 @@ def test_stop_signal_with_default_driver_checkpoints_and_exits_3(tmp_path, signu
     assert header["step"] == last["step"]
 
 
-def test_resume_of_a_missing_checkpoint_exits_2(tmp_path):
-    r, _ = mpirun(2, [*ARGS, "--run-dir", str(tmp_path), "--epochs", "1", "--resume", str(tmp_path / "none.pt")])
+def test_resume_of_a_missing_checkpoint_exits_2(tmp_path, capsys):
+    r = run_cli(capsys, *ARGS[2:], "--run-dir", str(tmp_path), "--epochs", "1", "--resume", str(tmp_path / "none.pt"))
     assert r.returncode == 2, r.stderr[-3000:]
     assert_one_clean_line(r.stderr, f"checkpoint {tmp_path / 'none.pt'}: No such file or directory")
 
 
-def test_resume_of_a_truncated_checkpoint_exits_2(tmp_path):
+def test_resume_of_a_truncated_checkpoint_exits_2(tmp_path, capsys):
     r, _ = mpirun(1, [*ARGS, "--run-dir", str(tmp_path / "a"), "--max-steps", "3"])
     assert r.returncode == 0, r.stderr[-3000:]
     path = tmp_path / "a" / "checkpoints" / ck.checkpoint_name(3)
     cut = tmp_path / "cut.pt"
     cut.write_bytes(path.read_bytes()[:3000])
-    r, _ = mpirun(2, [*ARGS, "--run-dir", str(tmp_path / "b"), "--epochs", "1", "--resume", str(cut)])
+    r = run_cli(capsys, *ARGS[2:], "--run-dir", str(tmp_path / "b"), "--epochs", "1", "--resume", str(cut))
     assert r.returncode == 2, r.stderr[-3000:]
     assert_one_clean_line(r.stderr, f"checkpoint {cut}: truncated")
 

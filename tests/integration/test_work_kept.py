@@ -9,6 +9,7 @@ import h5py
 import numpy as np
 
 from hpctrain.ops import checkpoint as ck
+from tests.integration.inprocess import run_cli
 from tests.integration.mpirun import mpirun
 
 ARGS = ["-m", "hpctrain", "--no-progress", "--set", "train.eval_every=0"]
@@ -56,7 +57,7 @@ def test_a_resume_with_another_batch_is_a_new_leg_that_auto_resume_and_pruning_k
     assert events(d).count("config") == 3 and events(d)[-1] == "summary"    # appended, never cleared
 
 
-def test_auto_resume_refuses_when_no_checkpoint_verifies(tmp_path):
+def test_auto_resume_refuses_when_no_checkpoint_verifies(tmp_path, capsys):
     d = tmp_path / "run"
     r = run(d, "--max-steps", "6", "--set", "ckpt.every_steps=3")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -65,7 +66,7 @@ def test_auto_resume_refuses_when_no_checkpoint_verifies(tmp_path):
         with open(path, "r+b") as fh:
             fh.seek(-1, os.SEEK_END)
             fh.write(b"\0" if fh.read(1) != b"\0" else b"\1")
-    r = run(d, "--max-steps", "9", "--resume", "auto")
+    r = run_cli(capsys, *ARGS[2:], "--run-dir", str(d), "--max-steps", "9", "--resume", "auto")     # a start-up refusal
     assert r.returncode == 2, r.stderr[-3000:]
     errors = [x for x in ours(r) if x.startswith("hpctrain: error:")]
     assert len(errors) == 1 and "no checkpoint of this run" in errors[0], ours(r)
