@@ -63,3 +63,26 @@ def test_every_other_difference_is_still_a_mismatch(case):
     with pytest.raises(RuntimeError, match="ranks called different collectives"):
         CALLS[case][0 if rank == 0 else 1]()
     goes_on()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["allreduce", "allgather", "broadcast"])
+def test_a_handle_never_synchronized_is_completed_before_exit(kind):
+    """A script that drops a named async handle (Horovod's duplicate-name tests do) exits with its
+    requests still posted: drain, run at exit and at shutdown, completes them first, so MPI never
+    writes into buffers Python has freed (before it, such runs crashed at exit in some runs)."""
+    from mpi4py import MPI
+
+    from hpctrain.horovod.torch import handles
+
+    rank, size = world()
+    submit = {"allreduce": lambda t: hvd.allreduce_async(t, name="dropped"),
+              "allgather": lambda t: hvd.allgather_async(t, name="dropped"),
+              "broadcast": lambda t: hvd.broadcast_async(t, root_rank=0, name="dropped")}[kind]
+    handle = submit(torch.full((17, 17), float(rank)))       # a temporary: only the handle holds it
+    op = handles._handles[handle][0]
+    handles.drain()
+    assert handle not in handles._handles
+    assert all(r == MPI.REQUEST_NULL for r in op.reqs), "drain left a request active"
+    assert hvd.synchronize(submit(torch.ones(2))) is not None  # the name is free again
+    goes_on()

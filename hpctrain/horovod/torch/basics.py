@@ -20,6 +20,7 @@ from mpi4py import MPI
 
 from hpctrain.horovod.torch import timeline as T
 from hpctrain.horovod.torch.coordinator import Coordinator, Sig, Verdict
+from hpctrain.horovod.torch.handles import drain
 from hpctrain.horovod.torch.process_sets import add_process_set, global_process_set
 from hpctrain.ops.abort import install_abort_hook
 from hpctrain.topology import Topology, emulated_ranks_per_node
@@ -113,6 +114,7 @@ def shutdown() -> None:
     global _state
     if _state is None:
         return
+    drain()                 # no request may outlive the communicators freed below
     T.stop()
     s = _state
     for opt in list(s.optimizers.values()):

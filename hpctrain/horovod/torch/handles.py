@@ -3,12 +3,19 @@
 A name given to an operation is held from submission until its handle is synchronized: a second
 operation with the same name meanwhile raises ``ValueError``, as Horovod's duplicate-name check
 does. The rule depends only on the calls a rank made, so every rank raises it alike.
+
+A handle never synchronized still has its MPI requests posted and its buffers held here: at exit
+(and at ``shutdown``) :func:`drain` completes them before Python frees the buffers and MPI is
+finalized, which otherwise let MPI write into freed memory (a heap corruption at exit).
 """
 from __future__ import annotations
 
+import atexit
 import itertools
 import time
 from typing import Any
+
+from mpi4py import MPI
 
 from hpctrain.horovod.torch import timeline as T
 from hpctrain.horovod.torch.collectives import InFlight
@@ -66,3 +73,17 @@ def synchronize(handle: int) -> Any:
 def now_if_recording() -> float:
     """A start time for the timeline's data span (0.0 when no timeline records)."""
     return time.perf_counter() if T.active() is not None else 0.0
+
+
+def drain() -> None:
+    """Complete every posted collective whose handle was never synchronized, and forget the
+    handles and names. Each was agreed by every rank before it was posted, so every rank posted it
+    and it completes; a parked call posted nothing."""
+    for op, *_ in list(_handles.values()):
+        if op.reqs and not MPI.Is_finalized():
+            MPI.Request.Waitall(op.reqs)
+    _handles.clear()
+    _names.clear()
+
+
+atexit.register(drain)      # before module teardown frees the buffers, and before MPI_Finalize
