@@ -34,7 +34,7 @@ class ClippedSSGD(SSGD):
         super().__init__(model, optimizer, grad_sync, **kwargs)
         self.max_norm = float(max_norm)
 
-    def apply_mean(self, step, overflow, scale, loss, own_grads_finite, lrs=None) -> bool:
+    def apply_mean(self, step, overflow, scale, loss, own_grads_finite, **options) -> bool:
         if not overflow:
             torch.nn.utils.clip_grad_norm_(self.params, self.max_norm * scale)
-        return super().apply_mean(step, overflow, scale, loss, own_grads_finite, lrs)
+        return super().apply_mean(step, overflow, scale, loss, own_grads_finite, **options)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from hpctrain.ops.checkpoint import checkpoint_name, encode, write_file
+from hpctrain.ops.ckptfile import REQUIRED
 from hpctrain.saved import SavedModelError, load_model
 from hpctrain.saved.export import export
 from hpctrain.saved.spec import SPEC_NAME, run_spec, write_spec
@@ -25,7 +26,9 @@ def fake_run(run_dir, model_name, model, run_id="r1", step=7):
     ckdir = os.path.join(run_dir, "checkpoints")
     os.makedirs(ckdir)
     write_spec(os.path.join(run_dir, SPEC_NAME), run_spec(config, index, run_id, ckdir, run_dir))
-    write_file(os.path.join(ckdir, checkpoint_name(step)), encode({"trainer": {"model": model.state_dict()}}),
+    # a checkpoint as the Checkpointer writes it: what export reads, and the fields resume needs
+    payload = {**dict.fromkeys(REQUIRED, 0), "trainer": {"model": model.state_dict()}, "step": step}
+    write_file(os.path.join(ckdir, checkpoint_name(step)), encode(payload),
                {"step": step, "run_id": run_id, "leg": 0, "samples_seen": step})
 
 
