@@ -15,7 +15,7 @@ from hpctrain.data import decoders
 from hpctrain.data.augment import Augment
 from hpctrain.data.decodepool import DecodeWorkerError, default_workers, resolve_workers
 from hpctrain.data.index import ShardError
-from hpctrain.data.loader import eval_batches
+from hpctrain.data.evalbatches import eval_batches
 from hpctrain.data_tools.sources import Chunk, Source, SplitSource
 from hpctrain.data_tools.writer import convert
 
@@ -167,7 +167,7 @@ def test_workers_normalise_bit_for_bit_as_the_batch_normalisation(shards):
 def test_fitted_shards_decode_as_before_on_the_pool(tmp_path):
     """Shards written before whole images (index without ``jpeg``): the old decode, now on the pool."""
     from hpctrain.data.images import decode_batch
-    from hpctrain.data.loader import eval_prep
+    from hpctrain.data.evalbatches import eval_prep
     from hpctrain.data_tools.sources import from_arrays
     x = np.random.default_rng(0).integers(0, 256, (10, 3, 16, 16), dtype=np.uint8)
     convert(from_arrays({"train": (x, np.arange(10) % 2)}, ["a", "b"], "t", encode="jpeg"), str(tmp_path), 2)
