@@ -10,7 +10,7 @@ from typing import Annotated  # noqa: F401  (read by a string annotation below)
 
 import pytest
 
-from hpctrain.cli import config_from_args
+from hpctrain.job.args import config_from_args
 from hpctrain.config.plugins import plugin_options
 from hpctrain.job.config import Config, ConfigError, help_text, load_toml, validate
 from hpctrain.config.values import NON_NEGATIVE, Option
@@ -241,8 +241,8 @@ def test_dataset_plugin_that_does_not_import_is_one_line(tmp_path):
 
 def test_the_cli_refuses_a_dataset_plugin_before_the_job_starts(tmp_path):
     """The same line and status as any config error, and no run directory made."""
-    code = ("import sys; from hpctrain import cli\n"
-            "sys.exit(cli.train_main(['--data', 'no_such_module_x:ramp', '--run-dir', sys.argv[1]]))\n")
+    code = ("import sys; from hpctrain.job import entry\n"
+            "sys.exit(entry.train_main(['--data', 'no_such_module_x:ramp', '--run-dir', sys.argv[1]]))\n")
     run_dir = tmp_path / "run"
     r = subprocess.run([sys.executable, "-c", code, str(run_dir)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.startswith(
