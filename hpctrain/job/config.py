@@ -160,8 +160,16 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         ("ckpt.dir", lambda: cfg.ckpt.dir and dir_problem(cfg.ckpt.dir)),
         ("optim.recipe", lambda: row_problem(cfg.optim.name) if cfg.optim.recipe == "auto" else None),
         ("report.tensorboard", lambda: tensorboard_missing() if cfg.report.tensorboard else None),
+        ("data.dataset", lambda: _dataset_problem(cfg.data.dataset)),
     ]
     for key, problem_of in checks:
         problem = problem_of()
         if problem:
             raise ConfigError(f"config {key}: {problem}")
+
+
+def _dataset_problem(dataset: str) -> str | None:
+    """Why a ``package.module:name`` dataset selects no data source (imported here, when checked:
+    the schema never imports the data tools)."""
+    from hpctrain.data_tools.builtin import dataset_problem
+    return dataset_problem(dataset)

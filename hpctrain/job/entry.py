@@ -43,9 +43,6 @@ def train_main(argv: list[str]) -> int:
         try:
             cfg = config_from_args(argv)
             validate(cfg, comm.Get_size())
-            from hpctrain.data_tools.builtin import dataset_problem     # the config never imports the tools
-            if problem := dataset_problem(cfg.data.dataset):
-                raise ConfigError(f"config data.dataset: {problem}")
         except ConfigError as exc:
             error = exc
         agree(comm, error)          # a file-system check may fail on one node only: stop every rank
