@@ -65,7 +65,7 @@ def config_from_args(argv: list[str]) -> Config:
         if value is not None:
             set_value(cfg, key, value)
     if args.no_progress:
-        cfg.run.progress = False
+        set_value(cfg, "run.progress", False)
     return cfg
 
 

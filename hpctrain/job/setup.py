@@ -92,7 +92,7 @@ def setup(cfg: Config, comm: MPI.Comm, stack: contextlib.ExitStack, watchdog: Wa
     if device.type == "cuda":   # CuPy's NVRTC tried once now, not at the first kernel mid-run
         kernels.backend()
     on_device = normalises_on_device(device)
-    index = agreed(comm, _data_index, cfg, topo)
+    index = agreed(comm, data_index, cfg, topo)
     done("data index")
     loader, test_set = agreed(comm, _open_data, cfg, topo, index, stack, on_device)
     done("open data")
@@ -157,8 +157,8 @@ def build_schedule(o, *, global_batch: int, steps_per_epoch: int, epochs: int) -
             hold_epochs=None if o.hybrid_hold_epochs < 0 else o.hybrid_hold_epochs)
 
 
-# train_loader's arguments and the config keys they are read from (a refusal naming an argument
-# is reported with its key); batch_size is the global batch's share of each rank.
+# train_loader's arguments and the config keys they are read from, one line each (a refusal
+# naming an argument is reported with its key); batch_size: each rank's share of the global batch.
 LOADER_KEYS = {
     "batch_size": "train.batch_size", "seed": "train.seed", "block_size": "data.block_size",
     "shuffle_window": "data.shuffle_window", "prefetch": "data.prefetch", "lanes": "data.lanes",
@@ -169,14 +169,15 @@ LOADER_KEYS = {
 
 
 def loader_keywords(cfg: Config, ranks: int, normalise_on_device: bool = False) -> dict:
-    """:func:`~hpctrain.data.train_loader`'s keywords (:data:`LOADER_KEYS`): this rank's share of the
-    global batch; ``raw`` batches where the job normalises them on the device."""
-    d = cfg.data
-    return dict(batch_size=cfg.train.batch_size // ranks, seed=cfg.train.seed, block_size=d.block_size,
-                shuffle_window=d.shuffle_window, prefetch=d.prefetch, lanes=d.lanes, augment=d.augment,
-                drop_last=d.drop_last, augment_kind=d.augment_kind, augment_flip=d.augment_flip, reader=d.reader,
-                hdf5_driver=d.hdf5_driver, verify=d.verify, workers=d.workers, decode=d.decode,
-                raw=normalise_on_device)
+    """:func:`~hpctrain.data.train_loader`'s keywords, each read from its key in :data:`LOADER_KEYS`;
+    ``raw`` batches where the job normalises them on the device."""
+    keywords = {argument: _read(cfg, key) for argument, key in LOADER_KEYS.items()}
+    return keywords | dict(batch_size=cfg.train.batch_size // ranks, raw=normalise_on_device)
+
+
+def _read(cfg: Config, key: str):
+    section, _, name = key.partition(".")
+    return getattr(getattr(cfg, section), name)
 
 
 def checkpointer(options: RunOptions, comm: MPI.Comm, loader: ShardLoader, timer: Timer,
@@ -229,7 +230,8 @@ def software(device: torch.device) -> dict:
     return versions
 
 
-def _data_index(cfg: Config, topo: Topology):
+def data_index(cfg: Config, topo: Topology):
+    """The dataset's index (a built-in or plugin dataset converted first). Collective."""
     return read_index(resolve_dataset(cfg.data.dataset, cfg.data.cache_dir, topo.comm))
 
 

@@ -225,14 +225,16 @@ def test_dataset_may_name_a_data_source_plugin(tmp_path, monkeypatch, plugin_san
 
 
 def test_dataset_plugin_that_does_not_import_is_one_line(tmp_path):
-    """Checked where the dataset is resolved (the job's data phase: the config never imports the
-    data tools), before anything is converted; a directory is not a plugin."""
+    """Checked with every other value (:func:`validate`, importing the data tools only then) and
+    again where the dataset is resolved (a library caller's), before anything is converted; a
+    directory is not a plugin."""
     from mpi4py import MPI
 
     from hpctrain.data_tools.builtin import resolve_dataset
     cfg = from_set(["data.dataset=no_such_module_x:ramp", f"data.cache_dir={tmp_path / 'cache'}",
                     f"run.run_dir={tmp_path / 'run'}"])
-    validate(cfg)
+    with pytest.raises(ConfigError, match=r"^config data\.dataset: plugin 'no_such_module_x:ramp': cannot import"):
+        validate(cfg)
     with pytest.raises(ConfigError, match=r"^config data\.dataset: plugin 'no_such_module_x:ramp': cannot import"):
         resolve_dataset(cfg.data.dataset, cfg.data.cache_dir, MPI.COMM_SELF)
     assert not (tmp_path / "cache").exists()

@@ -45,13 +45,13 @@ def run_variant(base: Config, name: str, overrides: dict, out_dir: str, comm) ->
     cfg = copy.deepcopy(base)
     for key, value in overrides.items():
         set_value(cfg, key, value)
-    cfg.run.run_dir = os.path.join(out_dir, name.split(")")[0].strip("(").replace(" ", "_") or name)
-    cfg.run.progress = False
-    cfg.train.eval_every = 1
+    run_dir = os.path.join(out_dir, name.split(")")[0].strip("(").replace(" ", "_") or name)
+    for key, value in (("run.run_dir", run_dir), ("run.progress", False), ("train.eval_every", 1)):
+        set_value(cfg, key, value)
     summary = run(cfg, comm)
     curve = []
     if comm.Get_rank() == 0:
-        with open(os.path.join(cfg.run.run_dir, "metrics.jsonl")) as fh:
+        with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
             curve = [r["test_accuracy"] for r in map(json.loads, fh) if r["event"] == "epoch"]
     return {"name": name, "overrides": overrides, "test_accuracy": summary["test_accuracy"],
             "test_loss": summary["test_loss"], "train_loss": summary["train_loss"],
@@ -120,7 +120,7 @@ def main(argv: list[str]) -> int:
     base = Config()
     if args.config:
         load_toml(base, args.config)
-    base.train.epochs = args.epochs
+    set_value(base, "train.epochs", args.epochs)
     rows = [run_variant(base, n, o, args.out, comm)
             for n, o in variants(args.batch, args.factor, args.lr, args.lars_lr, args.warmup_epochs)]
     if not args.no_polish:
