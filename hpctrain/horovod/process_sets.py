@@ -26,6 +26,7 @@ from hpctrain.topology import Topology, emulated_ranks_per_node
 
 @dataclass
 class State:
+    """What ``hvd.init`` made, until ``hvd.shutdown`` frees it."""
     comm: MPI.Comm                  # hpctrain.horovod's own duplicate of the user's communicator
     topo: Topology
     coord: Coordinator
