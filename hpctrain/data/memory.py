@@ -2,7 +2,7 @@
 
 The shuffle window (``data.shuffle_window`` samples, at least one batch, held twice: the window
 and what carries over) and the prefetched batches (``data.prefetch`` + 1, as float32) are sized
-from the config and the index's sample shape. A window too large for the node used to be a
+from the config and the index's sample shape. A window too large for the node would otherwise be a
 ``MemoryError`` traceback, or the kernel's OOM killer, minutes in; here it is one line naming
 the option, at start-up, before any of it is allocated. The limit is half of the memory the
 kernel says is available (``MemAvailable``) shared by the ranks of the node: the other half is
