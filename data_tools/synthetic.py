@@ -14,8 +14,8 @@ bytes; both are small enough that a 30-epoch run of their BN-free models takes s
   Added after the recipe was fixed, and never used to choose any of its values.
 - ``pulses``: 1-D signals of 64 samples with 1-4 localised pulses, each a Gaussian bump or a
   square step (8 classes = count x shape), one per randomly chosen quarter of the window, with
-  random position, width and height, on a drifting baseline with noise. Stored (N, 1, 64). Added
-  for issue 38 after LAMB's BN-free row was changed, and never used to choose a value.
+  random position, width and height, on a drifting baseline with noise. Stored (N, 1, 64). Never
+  used to choose a value of the recipe (docs/large-batch.md).
 """
 from __future__ import annotations
 

@@ -160,6 +160,43 @@ def _index_meta(source: Source, jobs: list, records: list) -> dict:
             "normalize": total.normalize(), "splits": splits, **source.extra}
 
 
+def _prepare_out(out: str) -> str | None:
+    """Rank 0 makes the output directory and drops an old index (an index claims completeness);
+    the error line, or None."""
+    try:
+        os.makedirs(os.path.join(out, RECORDS), exist_ok=True)
+        if os.path.exists(os.path.join(out, INDEX)):
+            os.remove(os.path.join(out, INDEX))
+    except OSError as exc:
+        return f"{out}: cannot prepare the output directory ({exc})"
+    return None
+
+
+def _progress_bar(jobs: list, mine: list[int], size: int):
+    from tqdm import tqdm
+    return tqdm(total=sum(jobs[k][4] - jobs[k][3] for k in mine), unit="sample", dynamic_ncols=True,
+                desc=f"convert{f' (rank 0 of {size})' if size > 1 else ''}")
+
+
+def _write_shards(source: Source, out: str, jobs: list, mine: list[int], tag: str, resume: bool, bar,
+                  block_bytes: int, block_digest: str) -> tuple[dict, int]:
+    """This rank's shards ``mine`` written, or taken from a finished earlier run (``resume``):
+    ``({job: record}, shards taken as they were)``."""
+    records: dict[int, dict] = {}
+    skipped = 0
+    for k in mine:
+        fp = _fingerprint(source, jobs[k], tag)
+        rec = _load_record(out, shard_name(*jobs[k][:3]), fp, block_bytes, block_digest) if resume else None
+        if rec is None:
+            rec = _convert_job(source, out, jobs[k], fp, bar, block_bytes, block_digest)
+        else:
+            skipped += 1
+            if bar is not None:
+                bar.update(jobs[k][4] - jobs[k][3])
+        records[k] = rec
+    return records, skipped
+
+
 def convert(source: Source, out: str, n_shards: int = 1, *, comm=None, tag: str = "",
             resume: bool = True, progress: bool = False, block_bytes: int = BLOCK_BYTES,
             block_digest: str = BLOCK_DIGEST) -> dict:
@@ -180,34 +217,14 @@ def convert(source: Source, out: str, n_shards: int = 1, *, comm=None, tag: str 
         check_sample_bytes(source.sample_shape, source.dtype, source.origin)
     except SourceError as exc:
         raise ConvertError(str(exc)) from None
-    error = None
-    if rank == 0:
-        try:
-            os.makedirs(os.path.join(out, RECORDS), exist_ok=True)
-            if os.path.exists(os.path.join(out, INDEX)):
-                os.remove(os.path.join(out, INDEX))       # an index claims completeness: drop the old one
-        except OSError as exc:
-            error = f"{out}: cannot prepare the output directory ({exc})"
-    agree(comm, error, ConvertError)
+    agree(comm, _prepare_out(out) if rank == 0 else None, ConvertError)
     jobs = shard_jobs(source, n_shards)
     mine = [k for k in range(len(jobs)) if k % size == rank]
-    bar = None
-    if progress and rank == 0:
-        from tqdm import tqdm
-        bar = tqdm(total=sum(jobs[k][4] - jobs[k][3] for k in mine), unit="sample", dynamic_ncols=True,
-                   desc=f"convert{f' (rank 0 of {size})' if size > 1 else ''}")
-    records, error, skipped = {}, None, 0
+    bar = _progress_bar(jobs, mine, size) if progress and rank == 0 else None
+    records: dict[int, dict] = {}
+    error, skipped = None, 0
     try:
-        for k in mine:
-            fp = _fingerprint(source, jobs[k], tag)
-            rec = _load_record(out, shard_name(*jobs[k][:3]), fp, block_bytes, block_digest) if resume else None
-            if rec is None:
-                rec = _convert_job(source, out, jobs[k], fp, bar, block_bytes, block_digest)
-            else:
-                skipped += 1
-                if bar is not None:
-                    bar.update(jobs[k][4] - jobs[k][3])
-            records[k] = rec
+        records, skipped = _write_shards(source, out, jobs, mine, tag, resume, bar, block_bytes, block_digest)
     except (SourceError, OSError, ValueError) as exc:
         error = str(exc)
     finally:

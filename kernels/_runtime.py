@@ -83,7 +83,7 @@ def nvrtc_failure(cupy) -> str:
     """Compile a one-line kernel with NVRTC, the way :func:`function` compiles the real ones;
     "" if that works, else the error in one line. ``cupy.is_available()`` only asks for a
     device: a CuPy whose NVRTC library is missing or too old for the driver passes it and then
-    fails at the first kernel compile, mid-run (issue 34, N4). Asked once, by :func:`probe`."""
+    fails at the first kernel compile, mid-run. Asked once, by :func:`probe`."""
     try:
         cupy.RawModule(code=PROBE_SOURCE, options=("-std=c++17",)).get_function("hpc_probe")
     except Exception as exc:  # NVRTCError, CompileException, a missing libnvrtc: one line
@@ -168,10 +168,10 @@ class TableCache:
 
     Why LRU and why this size: the keys hold buffer addresses, and gradient buffers alternate
     between two addresses from step to step (double-buffered buckets), so a step touches about
-    twice as many keys as it has tables. A 32-entry FIFO with fp16 staging and LARS over five
-    or more buckets evicted each table just before its next use and missed every lookup (issue
-    34, N7). Each entry is a few hundred bytes of device memory; ``hits``/``misses`` count
-    lookups (the tests assert a warm step misses nothing)."""
+    twice as many keys as it has tables: a 32-entry FIFO, with fp16 staging and LARS over five
+    or more buckets, would evict each table just before its next use and miss every lookup. Each
+    entry is a few hundred bytes of device memory; ``hits``/``misses`` count lookups (the tests
+    assert a warm step misses nothing)."""
 
     def __init__(self, capacity: int = _TABLE_CACHE_LEN):
         self.capacity, self.hits, self.misses = capacity, 0, 0

@@ -194,7 +194,7 @@ def grad_view(buf: torch.Tensor, offset: int, p: torch.Tensor) -> torch.Tensor:
     where ``p`` is densely laid out in another order (channels_last), as DDP's
     ``gradient_as_bucket_view`` does: autograd then accumulates a channels_last gradient into
     a channels_last view (no layout conversion each step), and the LARS kernel and torch's
-    ``_foreach`` fast path see weight and gradient laid out alike (issue 34, N5). Contiguous
+    ``_foreach`` fast path see weight and gradient laid out alike. Contiguous
     and non-dense parameters get a contiguous view."""
     seg = buf[offset:offset + p.numel()]
     if p.is_contiguous() or not is_dense(p):

@@ -22,8 +22,8 @@ seam, :mod:`hpctrain.comm.staging`; nothing else imports it).
   says CUDA counts (MPICH moves GPU buffers in every collective). Everything else: no, and the
   ring (:mod:`hpctrain.comm.ring`) replaces MPI's non-blocking collective for device buffers.
 
-Not run on a GPU: the CUDA calls here (``torch.cuda.cudart()``) are exercised by the GPU suite
-only; the CPU suite runs the rest with a fake ``cudart`` (tests/unit/test_comm_cuda_mpi.py,
+The CUDA calls here (``torch.cuda.cudart()``) run in the GPU suite only (docs/gpus.md); the CPU
+suite runs the rest with a fake ``cudart`` (tests/unit/test_comm_cuda_mpi.py,
 tests/mpi/test_comm_staging.py).
 """
 from __future__ import annotations

@@ -77,7 +77,7 @@ def scale_and_check(t: torch.Tensor, scale: float = 1.0, keep: bool = False) -> 
     ``keep`` (device memory): the answer stays on the device as a 0-d bool tensor
     (:func:`nonfinite_flag`), read once per round by :func:`hpctrain.comm.streams.any_flag`;
     ``bool()`` here would block the calling thread - autograd's, under ``comm.overlap`` - until
-    the compute stream drained, once per bucket (issue 34, N6)."""
+    the compute stream drained, once per bucket."""
     if scale != 1.0:
         t.mul_(scale)
     return nonfinite_flag(t) if keep else nonfinite(t)

@@ -177,35 +177,48 @@ def allreduce_bucket(buf: RingBuffers, comm: MPI.Comm, codec, src: torch.Tensor,
     ``begin()`` started. A non-blocking round of a device buffer whose MPI cannot take it in
     ``Iallreduce`` runs the ring instead (:func:`mpi_route`).
     """
-    n, r = comm.Get_size(), comm.Get_rank()
     if src.numel() == 0:
         return False
     keep = buf.on_device        # the overflow flag stays on the device: no host sync per bucket
-    if n == 1:
+    if comm.Get_size() == 1:
         if dst is not src:
             dst.copy_(src)
         return scale_and_check(dst, scale, keep)
     route = "ring" if buf.method == "ring" else mpi_route(blocking, buf.nbc_ok)
-    if route != "ring":                 # every rank holds MPI's identical result
-        send = MPI.IN_PLACE if src.data_ptr() == dst.data_ptr() else _arr(src)
-        if route == "Allreduce":
-            comm.Allreduce(send, _arr(dst), op=MPI.SUM)
-        else:
-            yield [comm.Iallreduce(send, _arr(dst), op=MPI.SUM)]
-        return scale_and_check(dst, scale, keep)
-    bounds, right, left = buf.bounds, (r + 1) % n, (r - 1) % n
+    if route != "ring":
+        return (yield from _by_mpi(route, comm, src, dst, scale, keep))
+    found = yield from _reduce_scatter(buf, comm, codec, src, dst, scale, keep)
+    yield from _settled(buf.step_done)  # the allgather sends the chunk completed last
+    return (yield from _allgather(buf, comm, dst, found, keep))
 
-    def part(i):
-        i %= n
-        return slice(bounds[i], bounds[i + 1])
 
-    # Reduce-scatter: at step s send chunk r-s (my own at s=0, a partial sum after), receive
-    # chunk r-s-1 and add my share: dst[c] = src[c] + received. At the last step chunk r+1 is
-    # complete here: scaled, and the codec says whether it holds inf/NaN; that flag, OR-ed over
-    # ranks, travels with the allgather.
+def _by_mpi(route: str, comm: MPI.Comm, src: torch.Tensor, dst: torch.Tensor, scale: float, keep: bool):
+    """Generator: MPI's own sum (``Allreduce`` or ``Iallreduce``); every rank holds its identical result."""
+    send = MPI.IN_PLACE if src.data_ptr() == dst.data_ptr() else _arr(src)
+    if route == "Allreduce":
+        comm.Allreduce(send, _arr(dst), op=MPI.SUM)
+    else:
+        yield [comm.Iallreduce(send, _arr(dst), op=MPI.SUM)]
+    return scale_and_check(dst, scale, keep)
+
+
+def _chunk(bounds: list[int], n: int, i: int) -> slice:
+    """Chunk ``i`` (mod ``n``) of the buffer."""
+    i %= n
+    return slice(bounds[i], bounds[i + 1])
+
+
+def _reduce_scatter(buf: RingBuffers, comm: MPI.Comm, codec, src: torch.Tensor, dst: torch.Tensor,
+                    scale: float, keep: bool):
+    """Generator: at step s send chunk r-s (my own at s=0, a partial sum after), receive chunk
+    r-s-1 and add my share: ``dst[c] = src[c] + received``. At the last step chunk r+1 is complete
+    here: scaled, and the codec says whether it holds inf/NaN (returned; with ``keep`` the flag
+    stays on the device and False is returned)."""
+    n, r = comm.Get_size(), comm.Get_rank()
+    right, left = (r + 1) % n, (r - 1) % n
     found = False
     for s in range(n - 1):
-        send, recv = part(r - s), part(r - s - 1)
+        send, recv = _chunk(buf.bounds, n, r - s), _chunk(buf.bounds, n, r - s - 1)
         tmp = buf.recv[:recv.stop - recv.start]
         if s:                           # MPI reads the partial sum the last step's kernel wrote
             yield from _settled(buf.step_done)
@@ -217,16 +230,24 @@ def allreduce_bucket(buf: RingBuffers, comm: MPI.Comm, codec, src: torch.Tensor,
                                  scale=scale if last else 1.0)
             if buf.stream is not None:
                 buf.step_done.event.record(buf.stream)
-    yield from _settled(buf.step_done)  # the allgather sends the chunk completed last
-    if keep:    # every rank ends with the same bytes: the device flag of the whole result
-        for s in range(n - 1):  # agrees everywhere, with no flag to exchange and no host read
-            send, recv = part(r - s + 1), part(r - s)
+    return found
+
+
+def _allgather(buf: RingBuffers, comm: MPI.Comm, dst: torch.Tensor, found: bool, keep: bool):
+    """Generator: every rank's completed chunk around the ring; returns the overflow flag. Host
+    flags, OR-ed over the ranks, travel with the allgather; with ``keep`` every rank ends with the
+    same bytes, so the device flag of the whole result agrees everywhere with none to exchange."""
+    n, r = comm.Get_size(), comm.Get_rank()
+    right, left = (r + 1) % n, (r - 1) % n
+    if keep:
+        for s in range(n - 1):
+            send, recv = _chunk(buf.bounds, n, r - s + 1), _chunk(buf.bounds, n, r - s)
             yield [comm.Isend(_msg(dst[send]), right, TAG_GATHER), comm.Irecv(_msg(dst[recv]), left, TAG_GATHER)]
         return scale_and_check(dst, 1.0, keep=True)
     flag = np.array([found], dtype=np.uint8)
     reqs = [comm.Iallreduce(MPI.IN_PLACE, flag, op=MPI.MAX)]
     for s in range(n - 1):
-        send, recv = part(r - s + 1), part(r - s)
+        send, recv = _chunk(buf.bounds, n, r - s + 1), _chunk(buf.bounds, n, r - s)
         yield reqs + [comm.Isend(_msg(dst[send]), right, TAG_GATHER),
                       comm.Irecv(_msg(dst[recv]), left, TAG_GATHER)]
         reqs = []

@@ -35,7 +35,7 @@ by :func:`route`: CPU buckets stay as they are ("host"); a device bucket is "sta
 ``HPCTRAIN_TEST_STAGING=1`` in the environment when the buckets are made routes CPU buckets like
 device ones (``dev`` is then just another CPU tensor, copies are plain ``copy_``, every
 :class:`Ready` is complete at once), so the CPU test suite runs every line here except the CUDA
-calls themselves. None of this has run on a GPU yet (the GPU suite: ``make test-gpu``).
+calls themselves; those run in the GPU suite (``make test-gpu``, docs/gpus.md).
 """
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ def host_read(flag) -> bool:
 def any_flag(flags) -> bool:
     """OR of a round's overflow flags: host bools as they are, device flags (0-d bool tensors,
     :func:`hpctrain.comm.fused.scale_and_check` with ``keep``) combined on the device and read
-    once (issue 34, N6: one host read per round instead of one per bucket)."""
+    once (one host read per round instead of one per bucket)."""
     found = any(bool(f) for f in flags if not isinstance(f, torch.Tensor))
     on_device = [f for f in flags if isinstance(f, torch.Tensor)]
     if on_device and not found:

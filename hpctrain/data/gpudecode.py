@@ -1,5 +1,5 @@
 """JPEG batches decoded on the GPU (``data.decode = gpu``): nvJPEG through torchvision, crop and
-resize on the device. **Not run on a GPU yet** (no GPU where it was written; docs/gpus.md).
+resize on the device (what has run where: docs/gpus.md).
 
 The boxes are the CPU path's: :meth:`CropDecoder.plan` (image sizes from the JPEG headers on the
 host, boxes from :mod:`crops` seeded by sample position) — the one seam both paths share, so a CPU

@@ -26,7 +26,7 @@ bytes ``k*B .. min((k+1)*B, S)``) and the block ranges ``[a, b)`` that lie wholl
 contiguous storage of ``x`` or ``y``: those are checked as the reader first reads them, all other
 blocks (HDF5 metadata, free space) when the file is opened (``shard_checks.py``). ``blocks`` is optional
 (an entry without it is checked whole, as in v2). Version 4 lets ``blocks`` name its digest: one
-key of :data:`BLOCK_DIGESTS` holds the list, ``"xxh3_128"`` (32 hex digits, what the writer makes
+key of :data:`BLOCK_DIGESTS` (:mod:`digestblocks`) holds the list, ``"xxh3_128"`` (32 hex digits, what the writer makes
 by default) or ``"sha256"``. Why XXH3-128 for blocks: it finds the corruption a block check is for
 (flipped bits, torn writes, truncation, another file) as surely, at several times the speed of a
 memory copy where SHA-256 runs below it, so the first epoch's check costs a fraction of the read
@@ -47,15 +47,13 @@ per shard touched — never per-sample reads.
 """
 from __future__ import annotations
 
-import hashlib
 import json
-import math
 import os
 from dataclasses import dataclass
-from typing import Any
 
-import xxhash
-
+from hpctrain.data.digestblocks import (BLOCK_BYTES, BLOCK_DIGEST, BLOCK_DIGESTS, DIGEST_LABELS, ONE_SHOT, BlockGrid,
+                                        aligned_grid, block_digest_name, block_hasher, data_block_ranges,
+                                        file_digests, file_sha256)
 from hpctrain.data.indexfields import field_problems
 from hpctrain.errors import LocalUserError
 from hpctrain.ops.fileio import atomic_write_text
@@ -63,13 +61,14 @@ from hpctrain.ops.fileio import atomic_write_text
 FORMAT = "hpctrain-shards"
 VERSION = 5
 READABLE_VERSIONS = (1, 2, 3, 4, 5)
-BLOCK_BYTES = 1 << 20          # per-block digests: about 1 MiB (≈ 35 bytes of index per MiB of data with XXH3-128)
-BLOCK_DIGESTS = {"xxh3_128": 32, "sha256": 64}   # a block digest's name in the index: its hex digits
-BLOCK_DIGEST = "xxh3_128"      # what the writer makes (module docstring: why)
-DIGEST_LABELS = {"xxh3_128": "XXH3-128", "sha256": "SHA-256"}
 ENCODINGS = ("raw", "jpeg")
 JPEG_STORED = ("fitted", "whole")
 INDEX = "index.json"
+
+__all__ = ["BLOCK_BYTES", "BLOCK_DIGEST", "BLOCK_DIGESTS", "DIGEST_LABELS", "ENCODINGS", "FORMAT", "INDEX",
+           "JPEG_STORED", "ONE_SHOT", "READABLE_VERSIONS", "VERSION", "BlockGrid", "ShardError", "ShardIndex",
+           "aligned_grid", "block_digest_name", "block_hasher", "data_block_ranges", "file_digests", "file_sha256",
+           "read_index", "shard_name", "write_index"]
 
 
 class ShardError(LocalUserError):
@@ -83,103 +82,6 @@ class ShardError(LocalUserError):
 
 def shard_name(split: str, i: int, n: int) -> str:
     return f"{split}-{i:05d}-of-{n:05d}.h5"
-
-
-def file_sha256(path: str) -> str:
-    with open(path, "rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
-
-
-def block_hasher(name: str) -> Any:
-    """A new incremental hasher (``update``, ``digest``, ``hexdigest``) of block digest ``name``."""
-    return xxhash.xxh3_128() if name == "xxh3_128" else hashlib.new(name)
-
-
-# Each digest of a whole bytes-like block in one call (no hasher object per block).
-ONE_SHOT = {"xxh3_128": xxhash.xxh3_128_digest, "sha256": lambda data: hashlib.sha256(data).digest()}
-
-
-def block_digest_name(blocks: dict) -> str:
-    """Which of :data:`BLOCK_DIGESTS` a checked ``blocks`` object holds."""
-    return next(k for k in BLOCK_DIGESTS if k in blocks)
-
-
-@dataclass(frozen=True)
-class BlockGrid:
-    """Where the digest blocks of one file lie: block k is bytes ``[max(0, origin + k*B),
-    min(S, origin + (k+1)*B))``, ``B`` = ``block_bytes`` (the index's ``bytes``), ``S`` =
-    ``file_bytes``, ``-B < origin <= 0`` (index v5; 0 before). All block arithmetic of the checks
-    and the writer is here."""
-    block_bytes: int
-    file_bytes: int
-    origin: int = 0
-
-    @classmethod
-    def of(cls, blocks: dict) -> BlockGrid:
-        return cls(int(blocks["bytes"]), int(blocks["file_bytes"]), int(blocks.get("origin", 0)))
-
-    @property
-    def count(self) -> int:
-        return -(-(self.file_bytes - self.origin) // self.block_bytes)
-
-    def block_of(self, pos: int) -> int:
-        """The block holding byte ``pos``."""
-        return (pos - self.origin) // self.block_bytes
-
-    def span(self, k: int) -> tuple[int, int]:
-        a = self.origin + k * self.block_bytes
-        return max(0, a), min(a + self.block_bytes, self.file_bytes)
-
-    def inside(self, a: int, e: int) -> tuple[int, int]:
-        """``[lo, hi)``: the blocks lying wholly inside bytes ``[a, e)`` (``lo >= hi``: none)."""
-        return -(-(a - self.origin) // self.block_bytes), (e - self.origin) // self.block_bytes
-
-
-def aligned_grid(block_bytes: int, file_bytes: int, start: int | None = None, row_bytes: int = 0) -> BlockGrid:
-    """The writer's grid: with fixed-size rows stored from byte ``start`` (raw samples), blocks of
-    the power-of-two number of rows nearest ``block_bytes``, the grid passing through ``start``: a
-    loader run of a power-of-two number of samples then starts and ends on block boundaries (or
-    lies inside one block), so the first epoch's check reads nothing on the side. Else plain
-    ``block_bytes`` blocks from byte 0."""
-    if start is None or row_bytes <= 0:
-        return BlockGrid(block_bytes, file_bytes)
-    rows = 2 ** max(0, round(math.log2(block_bytes / row_bytes)))
-    b = rows * row_bytes
-    return BlockGrid(b, file_bytes, start % b - b if start % b else 0)
-
-
-def file_digests(path: str, block_bytes: int, digest: str = BLOCK_DIGEST, origin: int = 0) -> tuple[str, list[str]]:
-    """The file's SHA-256 and the ``digest`` of each block of the grid ``block_bytes``, ``origin``
-    (:class:`BlockGrid`), in one read."""
-    whole, blocks = hashlib.sha256(), []
-    buf = memoryview(bytearray(block_bytes))
-    want = block_bytes + origin if origin else block_bytes     # the first block is short with an origin
-    with open(path, "rb", buffering=0) as fh:
-        while True:
-            n = fh.readinto(buf[:want])
-            if not n:
-                break
-            while n < want:                    # a short read before the end (pipes, network FS)
-                more = fh.readinto(buf[n:want])
-                if not more:
-                    break
-                n += more
-            whole.update(buf[:n])
-            h = block_hasher(digest)
-            h.update(buf[:n])
-            blocks.append(h.hexdigest())
-            want = block_bytes
-    return whole.hexdigest(), blocks
-
-
-def data_block_ranges(extents, grid: BlockGrid) -> list[list[int]]:
-    """``[a, b)`` block ranges of ``grid`` lying wholly inside the byte extents ``(offset, n_bytes)``."""
-    out = []
-    for offset, n in sorted(extents):
-        a, b = grid.inside(offset, offset + n)
-        if a < b:
-            out.append([a, b])
-    return out
 
 
 def write_index(directory: str, meta: dict) -> None:

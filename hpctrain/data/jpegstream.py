@@ -58,7 +58,7 @@ class JpegBatches:
         self.decoder = (CropDecoder(self.shape, self.pool, backend, **kw) if self.whole
                         else FittedDecoder(self.shape, self.pool, "pil"))
         self.on_device = None            # a DeviceCropDecoder when batches are decoded on the GPU
-        if gpudecode.resolve(decode, raw=loader.raw, whole=self.whole, node=loader.node is not None,
+        if gpudecode.resolve(decode, raw=loader.raw, whole=self.whole, node=loader.reading.node_level,
                              device=device) == "gpu":
             import torch
             dev = device if device is not None else torch.device("cuda", torch.cuda.current_device())

@@ -112,7 +112,7 @@ def build(params, *, lr: float, momentum: float, weight_decay: float, exclude_1d
 
 
 BASE_LR, BASE_BATCH, MAX_LR = 0.05, 2048, 0.1           # square-root scaling from here (You et al. 2019)
-# BN-free: about a third of the normalised row's relative step. Issue 38: at 0.0707 (batch 4096)
+# BN-free: about a third of the normalised row's relative step. At 0.0707 (batch 4096)
 # LAMB's update points along the weights (cosine +0.3..0.9), every norm grows ~lr*cos per step
 # until a layer's ReLUs are all dead and the loss sits at ln C; 0.025 trained (docs/large-batch.md).
 # One seed per set, batch 2048-4096: the cap above 4096 is not measured.

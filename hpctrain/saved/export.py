@@ -14,19 +14,9 @@ import torch
 from hpctrain.errors import UserError
 from hpctrain.ops.fileio import atomic_open
 from hpctrain.saved.spec import SavedModelError, write_spec
-from hpctrain.saved.weights import SavedWeights, run_weights, spec_beside
+from hpctrain.saved.weights import SavedWeights, run_weights, safetensors_module, spec_beside
 
 FORMATS = ("torch", "safetensors")
-
-
-def safetensors_module():
-    """``safetensors.torch``, or one line saying which extra to install."""
-    try:
-        import safetensors.torch
-    except ImportError:
-        raise SavedModelError("--format safetensors needs the safetensors package: "
-                              "pip install 'hpctrain[safetensors]' (or pip install safetensors)") from None
-    return safetensors.torch
 
 
 def export(run_dir: str, out: str, step: int | None = None, fmt: str = "torch", warn=None) -> SavedWeights:

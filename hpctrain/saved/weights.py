@@ -117,10 +117,20 @@ def build(spec: dict, state: dict | None = None) -> nn.Module:
     return model.eval()
 
 
+def safetensors_module():
+    """``safetensors.torch``, or one line saying which extra to install (an optional package:
+    imported only when a safetensors file is read or written)."""
+    try:
+        import safetensors.torch
+    except ImportError:
+        raise SavedModelError("--format safetensors needs the safetensors package: "
+                              "pip install 'hpctrain[safetensors]' (or pip install safetensors)") from None
+    return safetensors.torch
+
+
 def load_weights_file(path: str) -> dict:
     """An exported weights file: safetensors by its suffix, else a ``torch.save`` of a state_dict."""
     if path.endswith(".safetensors"):
-        from hpctrain.saved.export import safetensors_module
         return dict(safetensors_module().load_file(path))
     try:
         return torch.load(path, map_location="cpu", weights_only=True)

@@ -229,7 +229,7 @@ class ODSGD(UpdateAlgorithm):
         momentum unchanged). On the CPU that is a branch on the finite flag; on a device the
         flag stays there (:func:`flag_stays_on_device`) and the step selects with it
         (``torch.where``), the same values without a host read that would wait for backward
-        every step (issue 34, N6)."""
+        every step."""
         grads = [p.grad for p in self.params]
         keep = None         # device: 0-d bool, "this rank's gradients are finite"
         if self.scaler and flag_stays_on_device(grads):

@@ -73,7 +73,7 @@ def test_a_handle_never_synchronized_is_completed_before_exit(kind):
     writes into buffers Python has freed (before it, such runs crashed at exit in some runs)."""
     from mpi4py import MPI
 
-    from hpctrain.horovod.torch import handles
+    from hpctrain.horovod import handles
 
     rank, size = world()
     submit = {"allreduce": lambda t: hvd.allreduce_async(t, name="dropped"),

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+import hpctrain.data_tools.samplechecks as samplechecks
 import hpctrain.data_tools.sources as sources
 from hpctrain.data_tools.cli import main as tools_main
 from hpctrain.data_tools.readers import SOURCES
@@ -70,7 +71,7 @@ def test_size_over_the_sample_limit_is_refused_before_reading(tmp_path, capsys):
 
 def test_writer_refuses_an_oversized_sample_before_writing(tmp_path, monkeypatch):
     image_tree(tmp_path / "src", 2)                     # no --size: 4×4×3 = 48 bytes per sample
-    monkeypatch.setattr(sources, "MAX_SAMPLE_BYTES", 40)
+    monkeypatch.setattr(samplechecks, "MAX_SAMPLE_BYTES", 40)
     src = SOURCES["imagefolder"](str(tmp_path / "src"), test_fraction=0.0)
     with pytest.raises(ConvertError, match=r"src: one sample is uint8 \(3, 4, 4\) = 0 MiB, over the limit"):
         convert(src, str(tmp_path / "o"))

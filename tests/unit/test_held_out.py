@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from hpctrain.tools.bench import held_out, study
+from hpctrain.tools.bench import held_out, variant
 from hpctrain.job.config import Config
 from hpctrain.errors import TrainingCollapsed
 from hpctrain.update import NonFiniteError
@@ -35,7 +35,7 @@ def rows(monkeypatch):
         if isinstance(got, Exception):
             raise got
         return dict(got)
-    monkeypatch.setattr(study, "run_variant", fake_run_variant)
+    monkeypatch.setattr(variant, "run_variant", fake_run_variant)
     return [held_out.run_one(Config(), "signal1d", seed, name, {"train.batch_size": 64 if name == SGD else 2048},
                              "unused", None)
             for name in (SGD, LAMB) for seed in range(3)]
@@ -70,7 +70,7 @@ def test_all_seeds_failed_prints_dashes_and_a_diverged_seed_is_named(rows):
 def test_a_diverged_run_is_a_row_not_a_crash(monkeypatch):
     def boom(*a):
         raise NonFiniteError("step 3: non-finite loss on rank 0")
-    monkeypatch.setattr(study, "run_variant", boom)
+    monkeypatch.setattr(variant, "run_variant", boom)
     row = held_out.run_one(Config(), "tabular", 1, LAMB, {"train.batch_size": 2048}, "unused", None)
     assert row["failed"] == "diverged" and row["test_accuracy"] is None and row["seed"] == 1
 
@@ -96,6 +96,6 @@ def test_small_lamb_adds_lamb_at_the_small_batch_and_says_what_the_large_batch_c
 
 def test_a_run_without_an_epoch_loss_is_not_called_collapsed(monkeypatch):
     """No epoch trained in this run (train_loss None, e.g. resumed at its end): judged by nothing, not a crash."""
-    monkeypatch.setattr(study, "run_variant", lambda *a: {**finished(LAMB, 0.9, None, 2048, test_loss=0.3)})
+    monkeypatch.setattr(variant, "run_variant", lambda *a: {**finished(LAMB, 0.9, None, 2048, test_loss=0.3)})
     row = held_out.run_one(Config(), "tabular", 0, LAMB, {"train.batch_size": 2048}, "unused", None)
     assert row["failed"] is None and row["error"] is None

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 import hpctrain.horovod.torch as hvd
-from hpctrain.horovod.torch import coordinator as co
-from hpctrain.horovod.torch.coordinator import Sig, Verdict, judge
-from hpctrain.horovod.torch.errors import UnsupportedError
+from hpctrain.horovod import coordinator as co
+from hpctrain.horovod.coordinator import Sig, Verdict, judge
+from hpctrain.horovod.errors import UnsupportedError
 
 
 def allreduce(name="x", shape=(4,), dtype="float32", op="Average"):
@@ -61,7 +61,7 @@ def test_describe_and_key():
 
 def test_the_refusals_of_joined_ranks():
     """As in Horovod: only reductions, barriers and optimizer steps run while a rank has joined."""
-    from hpctrain.horovod.torch.join import refuse_joined
+    from hpctrain.horovod.torch.basics import refuse_joined
     assert refuse_joined(allreduce(), (1,)) is None
     assert refuse_joined(Sig("grad", "optimizer.0.0"), (1,)) is None
     for kind in ("allgather", "broadcast", "alltoall", "reducescatter", "broadcast_object"):
@@ -86,7 +86,7 @@ def test_an_argument_problem_wins_over_calls_that_also_differ():
 
 
 def test_agree_raises_the_verdict_on_the_caller():
-    from hpctrain.horovod.torch.errors import CollectiveArgumentError
+    from hpctrain.horovod.errors import CollectiveArgumentError
     coord = co.Coordinator.__new__(co.Coordinator)
     coord.size, coord.rank, coord.n_agreed, coord.refuse_joined = 1, 0, 0, lambda s, j: None
     with pytest.raises(CollectiveArgumentError) as e:
@@ -197,8 +197,8 @@ def test_refusals_are_one_line(call, words):
 
 
 def test_unsupported_dtype_and_uninitialized_are_one_line():
-    from hpctrain.horovod.torch import buffers as B
+    from hpctrain.horovod.torch import collectives as C
     with pytest.raises(ValueError, match="^Tensor type torch.BoolTensor is not supported"):
-        B.check(torch.ones(2, dtype=torch.bool))
+        C.check(torch.ones(2, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"^Horovod has not been initialized; use hvd.init\(\).$"):
         hvd.rank()

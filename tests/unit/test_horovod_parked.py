@@ -3,7 +3,7 @@ ranks while the rest call ``barrier`` (Horovod leaves the allreduce pending and 
 ``judge`` parks exactly those ranks; every neighbouring case stays the mismatch it was."""
 import pytest
 
-from hpctrain.horovod.torch.coordinator import Sig, judge
+from hpctrain.horovod.coordinator import Sig, judge
 
 BARRIER = Sig("barrier", "barrier")
 

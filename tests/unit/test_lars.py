@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hpctrain.optim import LARS, make_optimizer, trust_ratio
-from hpctrain.optim.lars import _kernels_norms, resolve_norms_fn
+from hpctrain.optim.lars_backends import _kernels_norms, resolve_norms_fn
 
 torch.set_num_threads(1)
 

@@ -4,24 +4,32 @@
 ``init`` duplicates the communicator (the script's own MPI traffic never meets Horovod's),
 installs hpctrain's abort hook (an uncaught exception on any rank ends the job instead of leaving
 the others blocked), builds the node-local / inter-node topology, the global process set's
-coordinator (:mod:`.coordinator`) and any process sets passed in. No Horovod environment variable
-stops a job: ``HOROVOD_TIMELINE`` starts the timeline (:mod:`.timeline`), the stall and fusion
+coordinator (:mod:`hpctrain.horovod.coordinator`) and any process sets passed in. No Horovod environment variable
+stops a job: ``HOROVOD_TIMELINE`` starts the timeline (:mod:`hpctrain.horovod.timeline`), the stall and fusion
 variables are honoured, and every other ``HOROVOD_*`` variable is named in one line on rank 0 as
 not used. A feature hpctrain does not have is refused where it is called.
+
+``barrier`` and ``join``: a joined rank takes part in the others' reductions until all join. As
+in Horovod, while some rank has joined the others may still allreduce (joined ranks add the op's
+identity: zeros to sums; an ``Average`` still divides by every rank), run optimizer steps (joined
+ranks add zero gradients) and barriers; any other collective (allgather, broadcast, alltoall,
+reducescatter, the object helpers) raises on the ranks that asked for it, while the joined rank
+waits on in ``join``.
 """
 from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, field
 
 import torch
 from mpi4py import MPI
 
-from hpctrain.horovod.torch import timeline as T
-from hpctrain.horovod.torch.coordinator import Coordinator, Sig, Verdict
-from hpctrain.horovod.torch.handles import drain
-from hpctrain.horovod.torch.process_sets import add_process_set, global_process_set
+from hpctrain.horovod import timeline as T
+from hpctrain.horovod.coordinator import Coordinator, Sig
+from hpctrain.horovod.handles import drain
+from hpctrain.horovod.process_sets import (
+    State, add_process_set, global_process_set, is_initialized, resolve, set_state, state)
+from hpctrain.horovod.torch import collectives as C
 from hpctrain.ops.abort import install_abort_hook
 from hpctrain.topology import Topology, emulated_ranks_per_node
 
@@ -48,31 +56,11 @@ def unused_env(environ) -> list[str]:
             if k.startswith("HOROVOD_") and k not in USED_ENV and environ[k] != ""]
 
 
-@dataclass
-class State:
-    comm: MPI.Comm                  # hpctrain.horovod's own duplicate of the user's communicator
-    topo: Topology
-    coord: Coordinator
-    optimizers: dict = field(default_factory=dict)   # id -> DistributedOptimizer (join mirrors)
-    process_sets: dict = field(default_factory=dict)  # id -> registered ProcessSet
-    next_set_id: int = 1
-
-
-_state: State | None = None
-
-
-def state() -> State:
-    if _state is None:
-        raise ValueError("Horovod has not been initialized; use hvd.init().")
-    return _state
-
-
 def init(comm=None, process_sets=None) -> None:
     """Start hpctrain.horovod on ``comm`` (an mpi4py communicator, or a list of ranks of
     ``MPI.COMM_WORLD``; default ``MPI.COMM_WORLD``); register ``process_sets`` (collective).
     A second call is a no-op, as in Horovod."""
-    global _state
-    if _state is not None:
+    if is_initialized():
         return
     base = MPI.COMM_WORLD if comm is None else comm
     if isinstance(comm, (list, tuple, range)):
@@ -94,11 +82,9 @@ def init(comm=None, process_sets=None) -> None:
     if base is not comm and base is not MPI.COMM_WORLD:
         base.Free()                             # made here from a list of ranks: own is its copy
     topo = Topology.create(own, emulated_ranks_per_node())
-    from hpctrain.horovod.torch.join import refuse_joined
     coord = Coordinator(own, refuse_joined)
-    _state = State(comm=own, topo=topo, coord=coord)
+    set_state(State(comm=own, topo=topo, coord=coord, process_sets={0: global_process_set}))
     global_process_set.attach(0, list(range(topo.size)), own, coord)
-    _state.process_sets[0] = global_process_set
     noted = unused_env(os.environ)
     if noted and topo.rank == 0:
         sys.stderr.write("hpctrain.horovod: not used: " + "; ".join(noted) + "\n")
@@ -111,24 +97,19 @@ def init(comm=None, process_sets=None) -> None:
 
 def shutdown() -> None:
     """Free hpctrain.horovod's communicators (collective). ``init`` may be called again."""
-    global _state
-    if _state is None:
+    if not is_initialized():
         return
     drain()                 # no request may outlive the communicators freed below
     T.stop()
-    s = _state
+    s = state()
     for opt in list(s.optimizers.values()):
         opt.close()
     for set_id in sorted(s.process_sets, reverse=True):
         s.process_sets.pop(set_id).detach(free=True)
-    _state = None
+    set_state(None)
     s.coord.close()
     s.topo.close()
     s.comm.Free()
-
-
-def is_initialized() -> bool:
-    return _state is not None
 
 
 def size() -> int:
@@ -219,13 +200,59 @@ def stop_timeline() -> None:
     T.stop()
 
 
-def agree(sig: Sig) -> Verdict:
-    """The global coordinator's verdict on ``sig`` (see :mod:`.coordinator`)."""
-    state()
-    return global_process_set.agree(sig)
+# --- barrier and join -----------------------------------------------------------------------
+MIRRORED = ("allreduce", "grouped_allreduce", "barrier", "grad")
 
 
-def auto_name(kind: str) -> str:
-    """Horovod's automatic name for an unnamed operation on the whole job."""
-    state()
-    return global_process_set.auto_name(kind)
+def barrier(process_set=global_process_set) -> None:
+    """Wait until every member of the set has reached the barrier."""
+    ps = resolve(process_set)
+    ps.agree(Sig("barrier", "barrier"))
+    C.post_barrier(ps.comm).wait()
+
+
+def join(device=-1) -> int:
+    """This rank has no more data: until every rank has joined, take part in the others'
+    reductions with a neutral contribution. Returns the rank that joined last."""
+    ps = resolve(global_process_set)
+    while True:
+        verdict = ps.agree(Sig("join", "join"))
+        if verdict.last_joined >= 0:
+            return verdict.last_joined
+        for name in verdict.names or ((verdict.sig.name,) if verdict.sig is not None else ()):
+            _follow_auto_name(name)
+        if verdict.error is None:             # else the others raise theirs; this rank waits on
+            _mirror(verdict)
+
+
+def _mirror(verdict) -> None:
+    """A joined rank's part in the collective ``verdict.sig`` the active ranks run."""
+    sig, comm = verdict.sig, global_process_set.comm
+    op = {v: k for k, v in C.OP_NAMES.items()}.get(sig.op, C.Sum)
+    if sig.kind == "allreduce":
+        t = C.neutral(op, getattr(torch, sig.dtype), sig.shape)
+        C.post_allreduce(comm, t, t, op).wait()
+    elif sig.kind == "grouped_allreduce":
+        ts = [C.neutral(op, getattr(torch, d), s) for d, s in zip(sig.dtype.split(","), sig.shape)]
+        C.post_grouped_allreduce(comm, ts, ts, op).wait()
+    elif sig.kind == "barrier":
+        C.post_barrier(comm).wait()
+    elif sig.kind == "grad":
+        state().optimizers[sig.name].mirror_round()
+
+
+def _follow_auto_name(name: str) -> None:
+    """A joined rank does not make the unnamed calls the others make (failed ones included):
+    advance its counter past theirs, so automatic names (``allreduce.noname.N``) still agree once
+    every rank has joined."""
+    _, sep, number = name.rpartition(".noname.")
+    if sep and number.isdigit():
+        counters = global_process_set.counters
+        counters["noname"] = max(counters.get("noname", 0), int(number) + 1)
+
+
+def refuse_joined(sig: Sig, joined: tuple) -> str | None:
+    """Why ``sig`` cannot run while ``joined`` ranks have joined (None: it can)."""
+    if sig.kind in MIRRORED:
+        return None
+    return "as in Horovod, only allreduce, grouped_allreduce, barrier and optimizer steps run while a rank has joined"

@@ -15,10 +15,9 @@ from typing import Any
 
 import torch
 
+from hpctrain.horovod.coordinator import Sig
+from hpctrain.horovod.process_sets import global_process_set, resolve
 from hpctrain.horovod.torch import collectives as C
-from hpctrain.horovod.torch.coordinator import Sig
-from hpctrain.horovod.torch.mpi_ops import root_problem
-from hpctrain.horovod.torch.process_sets import global_process_set, resolve
 
 
 def _named(params) -> list[tuple[str | None, torch.Tensor]]:
@@ -39,7 +38,7 @@ def broadcast_parameters(params, root_rank: int, process_set=global_process_set)
     with ``root_rank``'s, in place."""
     ps = resolve(process_set)
     named = _named(params)
-    root, problem = root_problem(ps, root_rank)
+    root, problem = ps.root_problem(root_rank)
     ps.agree(Sig("broadcast_parameters", f"{len(named)} tensors", shape=(_digest(named),), root=root,
                  problem=problem))
     pending = [C.post_broadcast(ps.comm, t.data if isinstance(t, torch.nn.Parameter) else t,
@@ -91,7 +90,7 @@ def broadcast_optimizer_state(optimizer, root_rank: int, model=None, process_set
 def broadcast_object(obj, root_rank: int = 0, name=None, process_set=global_process_set) -> Any:
     """``root_rank``'s ``obj`` (pickled) on every member."""
     ps = resolve(process_set)
-    root, problem = root_problem(ps, root_rank)
+    root, problem = ps.root_problem(root_rank)
     ps.agree(Sig("broadcast_object", name or ps.auto_name("broadcast_object"), root=root, problem=problem))
     return ps.comm.bcast(obj, root=ps.set_rank_of(root))
 

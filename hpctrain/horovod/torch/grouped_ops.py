@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import torch
 
-from hpctrain.horovod.torch import buffers as B
+from hpctrain.horovod.handles import synchronize
+from hpctrain.horovod.process_sets import global_process_set, resolve
 from hpctrain.horovod.torch import collectives as C
-from hpctrain.horovod.torch.compression import Compression
-from hpctrain.horovod.torch.handles import synchronize
+from hpctrain.horovod.torch.collectives import op_of
 from hpctrain.horovod.torch.mpi_ops import (
-    Average, agree_on, op_of, post, reducescatter_grad_factor, reducescatter_problem)
-from hpctrain.horovod.torch.process_sets import global_process_set, resolve
+    Average, agree_on, post, reducescatter_grad_factor, reducescatter_problem)
+from hpctrain.horovod.torch.optimizer import Compression
 
 
 def _group_fields(tensors, free_dim0=False) -> dict:
     shapes = tuple(("*", *t.shape[1:]) if free_dim0 else tuple(t.shape) for t in tensors)
-    return {"dtype": ",".join(B.dtype_name(t.dtype) for t in tensors), "shape": shapes}
+    return {"dtype": ",".join(C.dtype_name(t.dtype) for t in tensors), "shape": shapes}
 
 
 def _joined(parts: list[C.InFlight]) -> C.InFlight:
@@ -35,7 +35,7 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale, postscale, pr
     ps = resolve(process_set)
     tensors = list(tensors)
     for t in tensors:
-        B.check(t)
+        C.check(t)
     _, agreed = agree_on(ps, "grouped_allreduce", name, op=op, **_group_fields(tensors))
     return post(ps, "grouped_allreduce", agreed, name, lambda: C.post_grouped_allreduce(
         ps.comm, tensors, outputs, op, prescale, postscale))
@@ -94,7 +94,7 @@ def _grouped_allgather(tensors, name, process_set) -> tuple[int, list[list[int]]
     ps = resolve(process_set)
     tensors = list(tensors)
     for t in tensors:
-        B.check(t)
+        C.check(t)
     rows = tuple(t.shape[0] if t.dim() else 1 for t in tensors)
     verdict, agreed = agree_on(ps, "grouped_allgather", name, extra=rows,
                                **_group_fields(tensors, free_dim0=True))
@@ -134,7 +134,7 @@ def _grouped_reducescatter_async(tensors, name, op, prescale, postscale, process
     ps = resolve(process_set)
     tensors = list(tensors)
     for t in tensors:
-        B.check(t)
+        C.check(t)
     problem = next((p for p in (reducescatter_problem(t, op) for t in tensors) if p), "")
     _, agreed = agree_on(ps, "grouped_reducescatter", name, op=op, problem=problem, **_group_fields(tensors))
     return post(ps, "grouped_reducescatter", agreed, name, lambda: _joined(

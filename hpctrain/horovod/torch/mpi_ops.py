@@ -1,48 +1,28 @@
 """Horovod's tensor collectives, same names, signatures, defaults and semantics.
 
-Every call is first agreed by its process set's coordinator (:mod:`.coordinator`: a mismatch
-raises on every rank, a stall ends the job with one line), then posted non-blocking
+Every call is first agreed by its process set's coordinator (:mod:`hpctrain.horovod.coordinator`:
+a mismatch raises on every rank, a stall ends the job with one line), then posted non-blocking
 (:mod:`.collectives`); ``*_async`` calls return an integer handle for :func:`poll` /
-:func:`synchronize` (:mod:`.handles`), the others wait. The out-of-place forms are autograd
-functions with Horovod's gradients: allreduce -> allreduce with the same op and scales;
-allgather -> the averaged gradient's own rows; broadcast -> the averaged gradient on the root,
-zeros elsewhere; alltoall -> alltoall back; reducescatter -> allgather, times the set's size for
-``Sum`` (Horovod's convention: each rank's loss gets the reduced gradient, as for allreduce).
-Grouped forms are in :mod:`.grouped_ops`, barrier and join in :mod:`.join`.
+:func:`synchronize` (:mod:`hpctrain.horovod.handles`), the others wait. The out-of-place forms
+are autograd functions with Horovod's gradients: allreduce -> allreduce with the same op and
+scales; allgather -> the averaged gradient's own rows; broadcast -> the averaged gradient on the
+root, zeros elsewhere; alltoall -> alltoall back; reducescatter -> allgather, times the set's size
+for ``Sum`` (Horovod's convention: each rank's loss gets the reduced gradient, as for allreduce).
+Grouped forms are in :mod:`.grouped_ops`, barrier and join in :mod:`.basics`.
 """
 from __future__ import annotations
 
-import warnings
-
 import torch
 
-from hpctrain.horovod.torch import buffers as B
+from hpctrain.horovod.coordinator import Sig, Verdict
+from hpctrain.horovod.handles import Parked, check_name, now_if_recording, poll, register, synchronize
+from hpctrain.horovod.process_sets import ProcessSet, global_process_set, resolve
 from hpctrain.horovod.torch import collectives as C
-from hpctrain.horovod.torch.compression import Compression
-from hpctrain.horovod.torch.coordinator import Sig, Verdict
-from hpctrain.horovod.torch.errors import unsupported
-from hpctrain.horovod.torch.handles import check_name, now_if_recording, poll, register, synchronize
-from hpctrain.horovod.torch.process_sets import ProcessSet, global_process_set, resolve
+from hpctrain.horovod.torch.collectives import op_of
+from hpctrain.horovod.torch.optimizer import Compression
 
-Average, Sum, Adasum, Min, Max, Product = B.Average, B.Sum, B.Adasum, B.Min, B.Max, B.Product
-__all__ = ["poll", "synchronize"]             # re-exported from .handles
-
-
-def op_of(op, average) -> int:
-    """Horovod's ``average``/``op`` rule: ``op`` supersedes the deprecated ``average``."""
-    if op is not None and average is not None:
-        raise ValueError("The op parameter supersedes average. Please provide only one of them.")
-    if average is not None:
-        warnings.warn("Parameter `average` has been replaced with `op` and will be removed",
-                      DeprecationWarning, stacklevel=3)
-        return Average if average else Sum
-    op = Average if op is None else op
-    if op == Adasum:
-        raise unsupported("op=Adasum", "use op=hvd.Average (or hvd.Sum); Adasum's pairwise "
-                          "combination is not implemented (docs/horovod.md)")
-    if op not in B.OP_NAMES:
-        raise ValueError(f"hpctrain.horovod: unknown reduction op {op!r}")
-    return op
+Average, Sum, Adasum, Min, Max, Product = C.Average, C.Sum, C.Adasum, C.Min, C.Max, C.Product
+__all__ = ["poll", "synchronize"]             # Horovod's mpi_ops holds them; defined in handles
 
 
 def agree_on(ps: ProcessSet, kind: str, name, tensor=None, op=None, root=-1, free_dim0=False,
@@ -51,9 +31,9 @@ def agree_on(ps: ProcessSet, kind: str, name, tensor=None, op=None, root=-1, fre
     check_name(kind, name, ps.process_set_id or 0)
     if tensor is not None:
         shape = tuple(tensor.shape)
-        fields = {"dtype": B.dtype_name(tensor.dtype),
+        fields = {"dtype": C.dtype_name(tensor.dtype),
                   "shape": ("*", *shape[1:]) if free_dim0 else shape, **fields}
-    sig = Sig(kind, name or ps.auto_name(kind), op=B.OP_NAMES[op] if op is not None else "",
+    sig = Sig(kind, name or ps.auto_name(kind), op=C.OP_NAMES[op] if op is not None else "",
               root=root, extra=extra, problem=problem, **fields)
     return ps.agree(sig), sig.name
 
@@ -66,15 +46,15 @@ def post(ps: ProcessSet, kind: str, agreed_name: str, held, start) -> int:
 
 def park(ps: ProcessSet, kind: str, name: str) -> int:
     """The handle of a named call the other ranks met with ``barrier``: pending for good, its
-    name held, as in Horovod (:class:`~.collectives.Parked`)."""
-    return register(C.Parked(kind, name, ps.rank()), kind, name, ps.process_set_id or 0, hold=True)
+    name held, as in Horovod (:class:`~hpctrain.horovod.handles.Parked`)."""
+    return register(Parked(kind, name, ps.rank()), kind, name, ps.process_set_id or 0, hold=True)
 
 
 # --- allreduce -----------------------------------------------------------------------------
 def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set,
                      parkable=False) -> int:
     ps = resolve(process_set)
-    B.check(tensor)
+    C.check(tensor)
     verdict, agreed = agree_on(ps, "allreduce", name, tensor, op, parkable=parkable)
     if verdict.parked:
         return park(ps, "allreduce", agreed)
@@ -131,7 +111,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
 # --- allgather ---------------------------------------------------------------------------------
 def _allgather(tensor, name, process_set) -> tuple[int, list[int]]:
     ps = resolve(process_set)
-    B.check(tensor)
+    C.check(tensor)
     rows = tensor.shape[0] if tensor.dim() else 1
     verdict, agreed = agree_on(ps, "allgather", name, tensor, free_dim0=True, extra=rows)
     counts = [e or 0 for e in verdict.extras]
@@ -163,19 +143,10 @@ def allgather(tensor, name=None, process_set=global_process_set) -> torch.Tensor
 
 
 # --- broadcast ---------------------------------------------------------------------------------
-def root_problem(ps: ProcessSet, root_rank) -> tuple[int, str]:
-    """``root_rank`` (a rank of the job) as the set's rank, and what is wrong with it."""
-    root = int(root_rank)
-    if ps.set_rank_of(root) < 0:
-        where = "this job" if ps.process_set_id == 0 else f"process set {ps.process_set_id} ({ps.ranks})"
-        return root, f"root_rank {root} is not a rank of {where}"
-    return root, ""
-
-
 def _broadcast_async(tensor, output, root_rank, name, process_set) -> int:
     ps = resolve(process_set)
-    B.check(tensor)
-    root, problem = root_problem(ps, root_rank)
+    C.check(tensor)
+    root, problem = ps.root_problem(root_rank)
     _, agreed = agree_on(ps, "broadcast", name, tensor, root=root, problem=problem)
     return post(ps, "broadcast", agreed, name,
                 lambda: C.post_broadcast(ps.comm, tensor, output, ps.set_rank_of(root)))
@@ -217,7 +188,7 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set) -> t
 # --- alltoall ------------------------------------------------------------------------------------
 def _alltoall_async(tensor, splits, name, process_set) -> int:
     ps = resolve(process_set)
-    B.check(tensor)
+    C.check(tensor)
     n = ps.size()
     rows = tensor.shape[0] if tensor.dim() else 1
     problem, send = "", [0] * n
@@ -227,7 +198,7 @@ def _alltoall_async(tensor, splits, name, process_set) -> int:
         else:
             send = [rows // n] * n
     elif isinstance(splits, torch.Tensor) and (splits.is_floating_point() or splits.is_complex()):
-        problem = f"splits must hold integers, got {B.dtype_name(splits.dtype)}"
+        problem = f"splits must hold integers, got {C.dtype_name(splits.dtype)}"
     else:
         got = [int(s) for s in (splits.tolist() if isinstance(splits, torch.Tensor) else splits)]
         if len(got) != n or min(got, default=0) < 0 or sum(got) != rows:
@@ -279,7 +250,7 @@ def reducescatter_problem(tensor, op) -> str:
 
 def _reducescatter_async(tensor, name, op, prescale, postscale, process_set) -> int:
     ps = resolve(process_set)
-    B.check(tensor)
+    C.check(tensor)
     # Agreed, not raised here: a rank that raised alone would leave the others in the agreement.
     _, agreed = agree_on(ps, "reducescatter", name, tensor, op, problem=reducescatter_problem(tensor, op))
     return post(ps, "reducescatter", agreed, name,

@@ -10,6 +10,11 @@ It composes rather than impersonates: it holds the user's optimiser and shares i
 ``param_groups``, ``state`` and ``defaults`` (so lr schedulers, ``GradScaler`` and code that sets
 ``group["lr"]`` work), and is a ``torch.optim.Optimizer`` for ``isinstance`` checks - but not an
 instance of the wrapped class, unlike Horovod's dynamically made subclass.
+
+Horovod's gradient compressors (``compress(t) -> (t', ctx)``, ``decompress(t', ctx)``) act as in
+Horovod on tensor collectives; ``DistributedOptimizer`` maps them onto hpctrain's wire codecs
+instead (``Compression.fp16`` -> the fp16 wire: pre-divided, fp32 accumulation, only what crosses
+the network is compressed; :mod:`hpctrain.comm.compression`).
 """
 from __future__ import annotations
 
@@ -24,12 +29,59 @@ import torch
 
 from hpctrain import comm as comm_lib
 from hpctrain.comm.buckets import DEFAULT_BUCKET_BYTES
-from hpctrain.horovod.torch import buffers as B
-from hpctrain.horovod.torch.basics import state
-from hpctrain.horovod.torch.compression import Compression
-from hpctrain.horovod.torch.coordinator import Sig
-from hpctrain.horovod.torch.errors import unsupported
-from hpctrain.horovod.torch.process_sets import global_process_set, resolve
+from hpctrain.horovod.coordinator import Sig
+from hpctrain.horovod.errors import unsupported
+from hpctrain.horovod.process_sets import global_process_set, resolve, state
+from hpctrain.horovod.torch import collectives as C
+
+
+class Compressor:
+    """Interface for compressing and decompressing a tensor (Horovod's)."""
+
+    @staticmethod
+    def compress(tensor) -> tuple[torch.Tensor, Any]:
+        raise NotImplementedError
+
+    @staticmethod
+    def decompress(tensor, ctx) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class NoneCompressor(Compressor):
+    """No compression."""
+
+    wire = "none"
+
+    @staticmethod
+    def compress(tensor) -> tuple[torch.Tensor, Any]:
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx) -> torch.Tensor:
+        return tensor
+
+
+class FP16Compressor(Compressor):
+    """Floating-point tensors travel as fp16."""
+
+    wire = "fp16"
+
+    @staticmethod
+    def compress(tensor) -> tuple[torch.Tensor, Any]:
+        if tensor.dtype.is_floating_point:
+            return tensor.type(torch.float16), tensor.dtype
+        return tensor, tensor.dtype
+
+    @staticmethod
+    def decompress(tensor, ctx) -> torch.Tensor:
+        return tensor.type(ctx) if ctx is not None and ctx.is_floating_point else tensor
+
+
+class Compression:
+    """``Compression.none`` / ``Compression.fp16``, as in Horovod."""
+
+    none = NoneCompressor
+    fp16 = FP16Compressor
 
 
 def _named(optimizer, named_parameters) -> list[tuple[str, torch.Tensor]]:
@@ -56,7 +108,7 @@ def _named(optimizer, named_parameters) -> list[tuple[str, torch.Tensor]]:
 
 
 def _bucket_bytes() -> int:
-    """``HOROVOD_FUSION_THRESHOLD`` (bytes) sizes the buckets where set; else hpctrain's 25 MiB."""
+    """``HOROVOD_FUSION_THRESHOLD`` (bytes) sizes the buckets where set; else hpctrain's 25 MiC."""
     raw = os.environ.get("HOROVOD_FUSION_THRESHOLD", "")
     if raw.strip():
         try:
@@ -72,14 +124,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
     averages gradients over ranks before ``optimizer.step()``."""
 
     def __init__(self, optimizer, named_parameters=None, compression=Compression.none,
-                 backward_passes_per_step=1, op=B.Average, gradient_predivide_factor=1.0,
+                 backward_passes_per_step=1, op=C.Average, gradient_predivide_factor=1.0,
                  num_groups=0, groups=None, sparse_as_dense=False, process_set=global_process_set):
-        if op == B.Adasum:
+        if op == C.Adasum:
             raise unsupported("DistributedOptimizer(op=Adasum)", "use op=hvd.Average (the default) "
                               "with a large-batch optimiser (hpctrain.LARS) instead (docs/horovod.md)")
-        if op not in (B.Average, B.Sum):
+        if op not in (C.Average, C.Sum):
             raise ValueError("hpctrain.horovod: DistributedOptimizer takes op=Average or op=Sum")
-        if gradient_predivide_factor != 1.0 and op != B.Average:
+        if gradient_predivide_factor != 1.0 and op != C.Average:
             raise ValueError("gradient_predivide_factor not supported with op != Average")
         wire = getattr(compression, "wire", None)
         if wire is None:
@@ -107,11 +159,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # The gradient path is agreed once: its buckets never change afterwards.
         layout = repr([(self._names.get(id(p)), tuple(p.shape), str(p.dtype)) for p in self._params])
         ps.agree(Sig("optimizer", self._id, shape=(hashlib.sha1(layout.encode()).hexdigest()[:12],),
-                     op=f"{B.OP_NAMES[op]}/{wire}"))
+                     op=f"{C.OP_NAMES[op]}/{wire}"))
         topo = st.topo if ps.process_set_id == 0 else ps.topology()
         self._sync = comm_lib.create(os.environ.get("HPCTRAIN_STRATEGY", "auto"), self._params, topo,
                                      bucket_bytes=_bucket_bytes(), compression=wire, tune="measure")
-        if op == B.Sum:
+        if op == C.Sum:
             self._sync.gather_scale = 1.0       # the sum, not the mean
         self._passes = {id(p): 0 for p in self._params}
         self._hooks = [p.register_post_accumulate_grad_hook(self._counted) for p in self._params]

@@ -14,7 +14,7 @@ import torch
 from mpi4py import MPI
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from hpctrain.horovod.torch.basics import state
+from hpctrain.horovod.process_sets import state
 
 
 def _allreduce_sum(t: torch.Tensor) -> torch.Tensor:

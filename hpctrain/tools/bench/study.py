@@ -13,11 +13,11 @@ Runs under ``mpiexec`` like training: the global batch is split over the ranks.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 
 from hpctrain.job.config import Config, load_toml, set_value
+from hpctrain.tools.bench.variant import run_variant
 
 
 def variants(base_batch: int, factor: int, lr: float, lars_lr: float, warmup: float) -> list[tuple[str, dict]]:
@@ -38,26 +38,6 @@ def polish_variants(batch: int, lr: float) -> list[tuple[str, dict]]:
     common = {"train.batch_size": batch, "optim.lr": lr, "data.augment": True}
     return [("polish off (augmented)", {**common, "polish.bn_recompute": False}),
             ("polish on (augmented)", {**common, "polish.bn_recompute": True})]
-
-
-def run_variant(base: Config, name: str, overrides: dict, out_dir: str, comm) -> dict:
-    from hpctrain.job import run
-    cfg = copy.deepcopy(base)
-    for key, value in overrides.items():
-        set_value(cfg, key, value)
-    run_dir = os.path.join(out_dir, name.split(")")[0].strip("(").replace(" ", "_") or name)
-    for key, value in (("run.run_dir", run_dir), ("run.progress", False), ("train.eval_every", 1)):
-        set_value(cfg, key, value)
-    summary = run(cfg, comm)
-    curve = []
-    if comm.Get_rank() == 0:
-        with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
-            curve = [r["test_accuracy"] for r in map(json.loads, fh) if r["event"] == "epoch"]
-    return {"name": name, "overrides": overrides, "test_accuracy": summary["test_accuracy"],
-            "test_loss": summary["test_loss"], "train_loss": summary["train_loss"],
-            "num_classes": summary["num_classes"],
-            "test_accuracy_before_polish": summary.get("test_accuracy_before_polish"),
-            "global_batch": summary["global_batch"], "steps": summary["steps"], "curve": curve}
 
 
 def plot(rows: list[dict], path: str) -> None:
@@ -113,7 +93,7 @@ def main(argv: list[str]) -> int:
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
     if args.study == "held-out":
-        from hpctrain.tools.bench import held_out
+        from hpctrain.tools.bench import held_out     # its own dependencies load only when it runs
         args.batch, args.epochs = args.batch or 64, args.epochs or 90
         return held_out.main(args, comm)
     args.batch, args.epochs = args.batch or 16, args.epochs or 30

@@ -39,7 +39,7 @@ from collections.abc import Callable
 
 from mpi4py import MPI
 
-from hpctrain.horovod.torch.errors import CollectiveArgumentError, CollectiveMismatchError
+from hpctrain.horovod.errors import CollectiveArgumentError, CollectiveMismatchError
 
 TAG_SIG, TAG_VERDICT = 7301, 7302
 GRACE_S = 15.0          # non-coordinators wait this much longer, so rank 0's line is the one shown

@@ -1,4 +1,6 @@
-"""Horovod's integer handles for asynchronous collectives: :func:`poll` and :func:`synchronize`.
+"""Horovod's integer handles for asynchronous collectives: :func:`poll` and :func:`synchronize`,
+and what a handle holds: an :class:`InFlight` collective (its MPI requests and the step that
+turns the received buffers into the result).
 
 A name given to an operation is held from submission until its handle is synchronized: a second
 operation with the same name meanwhile raises ``ValueError``, as Horovod's duplicate-name check
@@ -13,12 +15,62 @@ from __future__ import annotations
 import atexit
 import itertools
 import time
+from collections.abc import Callable
 from typing import Any
 
 from mpi4py import MPI
 
-from hpctrain.horovod.torch import timeline as T
-from hpctrain.horovod.torch.collectives import InFlight
+from hpctrain.horovod import timeline as T
+from hpctrain.horovod.errors import HorovodInternalError
+
+
+class InFlight:
+    """A collective in flight: ``poll()`` without blocking, ``wait()`` for the result.
+
+    ``keep`` holds the buffers MPI reads until the requests complete: mpi4py does not keep a
+    non-blocking collective's buffers alive, so an async call on a temporary tensor would
+    otherwise send freed (reused) memory."""
+
+    __slots__ = ("reqs", "finish", "result", "done", "keep", "t0")
+
+    def __init__(self, reqs: list, finish: Callable[[], object], keep: tuple = ()):
+        self.reqs, self.done, self.keep = reqs, False, keep
+        self.t0 = 0.0                       # when posted, where a timeline records (register)
+        self.finish: Callable[[], object] | None = finish      # None once run (by wait)
+        self.result: object = None
+
+    def poll(self) -> bool:
+        if not self.done:
+            self.done = MPI.Request.Testall(self.reqs)
+        return self.done
+
+    def wait(self) -> object:
+        if self.finish is not None:
+            MPI.Request.Waitall(self.reqs)
+            self.done = True
+            self.result, self.finish, self.keep = self.finish(), None, ()
+        return self.result
+
+
+class Parked(InFlight):
+    """A named async call this rank submitted while the others called ``barrier``: Horovod leaves
+    it pending and it never completes (nothing was posted). ``poll()`` stays False; ``wait()``
+    (``synchronize``) raises on this rank alone, where Horovod would wait for ever: no other
+    rank waits on it, so the error is this rank's to catch."""
+
+    __slots__ = ("line",)
+
+    def __init__(self, kind: str, name: str, rank: int):
+        super().__init__([], lambda: None)
+        self.line = (f"hpctrain.horovod: {kind} {name!r} was left pending on rank {rank}: the other ranks "
+                     "called barrier instead, so it never completes (as in Horovod); submit it on every rank")
+
+    def poll(self) -> bool:
+        return False
+
+    def wait(self) -> object:
+        raise HorovodInternalError(self.line)
+
 
 _handles: dict[int, tuple[InFlight, str, str, tuple | None]] = {}
 _names: dict[tuple, int] = {}                 # (set id, kind, name) held -> handle

@@ -1,4 +1,8 @@
-"""Horovod's process sets on MPI sub-communicators.
+"""The job's Horovod state (:func:`state`) and its process sets on MPI sub-communicators.
+
+:func:`state` holds what ``hvd.init`` made (hpctrain's communicator, the topology, the registered
+sets and optimizers); every operation reaches it through here, so "not initialized" is one line
+wherever it is met.
 
 A :class:`ProcessSet` is a group of ranks (Horovod's ranks of the job, sorted) or, with MPI, an
 mpi4py communicator each member passes. :func:`add_process_set` is collective over the whole
@@ -11,11 +15,43 @@ job, as in Horovod; results are in the set's rank order.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 from mpi4py import MPI
 
-from hpctrain.horovod.torch import timeline as T
-from hpctrain.horovod.torch.coordinator import Coordinator, Sig, Verdict
+from hpctrain.horovod import timeline as T
+from hpctrain.horovod.coordinator import Coordinator, Sig, Verdict
+from hpctrain.topology import Topology, emulated_ranks_per_node
+
+
+@dataclass
+class State:
+    """What ``hvd.init`` made, until ``hvd.shutdown`` frees it."""
+    comm: MPI.Comm                  # hpctrain.horovod's own duplicate of the user's communicator
+    topo: Topology
+    coord: Coordinator
+    optimizers: dict = field(default_factory=dict)   # id -> DistributedOptimizer (join mirrors)
+    process_sets: dict = field(default_factory=dict)  # id -> registered ProcessSet
+    next_set_id: int = 1
+
+
+_state: State | None = None
+
+
+def state() -> State:
+    if _state is None:
+        raise ValueError("Horovod has not been initialized; use hvd.init().")
+    return _state
+
+
+def is_initialized() -> bool:
+    return _state is not None
+
+
+def set_state(new: State | None) -> None:
+    """``hvd.init`` installs the job's state, ``hvd.shutdown`` clears it."""
+    global _state
+    _state = new
 
 
 class ProcessSet:
@@ -72,10 +108,18 @@ class ProcessSet:
         assert self.ranks is not None
         return self.ranks.index(job_rank) if job_rank in self.ranks else -1
 
+    def root_problem(self, root_rank) -> tuple[int, str]:
+        """``root_rank`` (a rank of the job) as an int, and what is wrong with it as this set's
+        root ("" if nothing)."""
+        root = int(root_rank)
+        if self.set_rank_of(root) < 0:
+            where = "this job" if self.process_set_id == 0 else f"process set {self.process_set_id} ({self.ranks})"
+            return root, f"root_rank {root} is not a rank of {where}"
+        return root, ""
+
     def topology(self):
         """The set's node-local / inter-node topology (built once, for DistributedOptimizer)."""
         if self._topo is None:
-            from hpctrain.topology import Topology, emulated_ranks_per_node
             self._topo = Topology.create(self.comm, emulated_ranks_per_node())
         return self._topo
 
@@ -97,9 +141,14 @@ class ProcessSet:
 global_process_set = ProcessSet()
 
 
+def agree(sig: Sig) -> Verdict:
+    """The global coordinator's verdict on ``sig`` (see :mod:`~hpctrain.horovod.coordinator`)."""
+    state()
+    return global_process_set.agree(sig)
+
+
 def resolve(process_set) -> ProcessSet:
     """The registered set an operation runs on; one line where this rank cannot use it."""
-    from hpctrain.horovod.torch.basics import state
     state()                                       # "not initialized" first
     ps = global_process_set if process_set is None else process_set
     if not isinstance(ps, ProcessSet):
@@ -134,7 +183,6 @@ def _own_ranks(ps: ProcessSet, comm: MPI.Comm) -> tuple | None:
 def add_process_set(process_set) -> ProcessSet:
     """Register ``process_set`` (a :class:`ProcessSet` or a list of ranks) on every rank of the
     job (collective, same order everywhere); returns the registered set."""
-    from hpctrain.horovod.torch.basics import agree, state
     st = state()
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
     if ps.process_set_id is not None:
@@ -172,7 +220,6 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     """Unregister ``process_set`` on every rank (collective). Sets made from communicators may
     differ from rank to rank: every set named by any rank is removed. False for the global set
     or one not registered, as Horovod."""
-    from hpctrain.horovod.torch.basics import agree, state
     st = state()
     set_id = getattr(process_set, "process_set_id", None)
     verdict = agree(Sig("remove_process_set", "remove_process_set", extra=set_id or 0))
