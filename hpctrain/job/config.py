@@ -1,5 +1,6 @@
 """The run's configuration read and checked: ``--help``'s key list, an optional TOML file, ``--set
-key=value`` overrides, and :func:`validate`, the one place values are checked before anything starts.
+key=value`` overrides, and :func:`validate`: every check that needs neither the device nor the data,
+before anything starts (those that do are set-up's, :mod:`hpctrain.job.setup`).
 
 The sections themselves are :mod:`hpctrain.job.schema`'s (re-exported here).
 
