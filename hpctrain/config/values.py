@@ -3,14 +3,12 @@ check of one value against its range or choices.
 
 Shared by the sections' fields (the schema, :mod:`hpctrain.job.config`) and the plugin options
 read from a plugin's constructor (:mod:`hpctrain.config.plugins`), so each rule is written once;
-with the two helpers the adapters share (:func:`matching_options`: a section's fields as a
-function's keywords; :func:`is_plugin_spec`: is a value ``package.module:name``). Imports neither
+with :func:`is_plugin_spec` (is a value ``package.module:name``). Imports neither
 torch nor MPI, nor any registry: a choice field is given its registry (or a tuple) by the schema.
 """
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
 import os
 import re
@@ -132,14 +130,6 @@ def coerce(key: str, value, target_type) -> Any:
         want = {"float": "a finite float", "list": "a list of finite numbers"}.get(tname, tname)
         raise ConfigError(f"config {key}: expected {want}, got {given!r}") from None
     return value
-
-
-def matching_options(fn, section, **given) -> dict:
-    """Keywords for ``fn`` from a config section: every field named as one of ``fn``'s parameters,
-    with ``given`` (renamed or computed values) over them. An option spelt alike in the section
-    and in the signature so needs no line in the adapter that calls ``fn``."""
-    params = inspect.signature(fn).parameters
-    return {f.name: getattr(section, f.name) for f in dataclasses.fields(section) if f.name in params} | given
 
 
 _PLUGIN_SPEC = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")

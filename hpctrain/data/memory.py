@@ -1,10 +1,11 @@
 """What a rank's loader will hold in memory, checked against the machine before it is allocated.
 
-The shuffle window (``data.shuffle_window`` samples, at least one batch, held twice: the window
-and what carries over) and the prefetched batches (``data.prefetch`` + 1, as float32) are sized
-from the config and the index's sample shape. A window too large for the node would otherwise be a
+The shuffle window (``shuffle_window`` samples, at least one batch, held twice: the window and
+what carries over) and the prefetched batches (``prefetch`` + 1, as float32) are sized from the
+loader's arguments and the index's sample shape. A window too large for the node would be a
 ``MemoryError`` traceback, or the kernel's OOM killer, minutes in; here it is one line naming
-the option, at start-up, before any of it is allocated. The limit is half of the memory the
+the argument (:class:`LoaderTooLarge`; the job names its config key), at start-up, before any of
+it is allocated. The limit is half of the memory the
 kernel says is available (``MemAvailable``) shared by the ranks of the node: the other half is
 the model's, the HDF5 caches' and the page cache's.
 
@@ -19,11 +20,20 @@ import os
 
 import numpy as np
 
-from hpctrain.errors import ConfigError
+from hpctrain.errors import UserError
 
 SHARE = 0.5            # of the memory available to the node's ranks
 BLOB_OVERHEAD = 48     # a window slot's bytes object and its pointer, beyond the encoded bytes
-DEFAULT_PREFETCH = 2   # data.prefetch's default: a refusal it would avoid blames data.prefetch
+DEFAULT_PREFETCH = 2   # the loader's default prefetch: a refusal it would avoid blames prefetch
+
+
+class LoaderTooLarge(UserError, ValueError):
+    """The loader would not fit in memory; ``argument`` names the loader argument to lower (the
+    job maps it to its config key), ``detail`` says how much it would take."""
+
+    def __init__(self, argument: str, detail: str):
+        super().__init__(f"train_loader {argument}: {detail}")
+        self.argument, self.detail = argument, detail
 
 
 def available_bytes() -> int | None:
@@ -43,19 +53,19 @@ def available_bytes() -> int | None:
 
 def loader_parts(sample_shape, dtype: str, *, batch_size: int, shuffle_window: int, prefetch: int,
                  stored_bytes: float | None = None) -> dict[str, int]:
-    """Bytes a training loader holds, by the option that sizes each part: the window buffers
-    (``data.shuffle_window``, at least ``train.batch_size``), the prefetched float32 batches
-    (``data.prefetch``) and, for JPEG (``stored_bytes`` encoded bytes per sample, held in the
-    window), the decode pool's in-flight batches of decoded ``sample_shape`` (``data.prefetch`` too)."""
+    """Bytes a training loader holds, by the argument that sizes each part: the window buffers
+    (``shuffle_window``, at least ``batch_size``), the prefetched float32 batches (``prefetch``)
+    and, for JPEG (``stored_bytes`` encoded bytes per sample, held in the window), the decode
+    pool's in-flight batches of decoded ``sample_shape`` (``prefetch`` too)."""
     n = math.prod(int(d) for d in sample_shape)
     window = max(shuffle_window, batch_size)
     prefetched = (prefetch + 1) * batch_size * (n * 4 + 8)
     if stored_bytes is None:
-        return {"data.shuffle_window": 2 * window * (n * np.dtype(dtype).itemsize + 8), "data.prefetch": prefetched}
+        return {"shuffle_window": 2 * window * (n * np.dtype(dtype).itemsize + 8), "prefetch": prefetched}
     from hpctrain.data.jpegstream import LOOKAHEAD
     in_flight = (prefetch + 2 + LOOKAHEAD) * batch_size * n * np.dtype(dtype).itemsize
-    return {"data.shuffle_window": 2 * window * (math.ceil(stored_bytes) + BLOB_OVERHEAD + 8),
-            "data.prefetch": prefetched + in_flight}
+    return {"shuffle_window": 2 * window * (math.ceil(stored_bytes) + BLOB_OVERHEAD + 8),
+            "prefetch": prefetched + in_flight}
 
 
 def loader_bytes(sample_shape, dtype: str, *, batch_size: int, shuffle_window: int, prefetch: int,
@@ -80,9 +90,9 @@ def jpeg_bytes_per_sample(index, split: str = "train") -> float | None:
 
 def check_loader_memory(index, *, batch_size: int, shuffle_window: int, prefetch: int, local_size: int = 1,
                         available: int | None = None, split: str = "train") -> None:
-    """Raise :class:`ConfigError` if the loader would take more than its share of the node's
-    available memory, naming the option to blame: ``data.prefetch`` when its default would fit,
-    else ``data.shuffle_window`` (or ``train.batch_size`` when the batch is larger than the window)."""
+    """Raise :class:`LoaderTooLarge` if the loader would take more than its share of the node's
+    available memory, naming the argument to blame: ``prefetch`` when its default would fit,
+    else ``shuffle_window`` (or ``batch_size`` when the batch is larger than the window)."""
     avail = available_bytes() if available is None else available
     if not avail:
         return
@@ -97,13 +107,12 @@ def check_loader_memory(index, *, batch_size: int, shuffle_window: int, prefetch
         lean = loader_parts(index.sample_shape, index.dtype, batch_size=batch_size, shuffle_window=shuffle_window,
                             prefetch=min(prefetch, DEFAULT_PREFETCH), stored_bytes=stored)
         if prefetch > DEFAULT_PREFETCH and sum(lean.values()) <= share:   # the default would fit: prefetch's fault
-            key, part = "data.prefetch", parts["data.prefetch"]
+            argument, part = "prefetch", parts["prefetch"]
             held = f"{prefetch + 1:,} prefetched batches of {batch_size:,} samples of {what}"
         else:
-            key = "data.shuffle_window" if shuffle_window >= batch_size else "train.batch_size"
-            part = parts["data.shuffle_window"]
+            argument = "shuffle_window" if shuffle_window >= batch_size else "batch_size"
+            part = parts["shuffle_window"]
             held = f"a window of {max(shuffle_window, batch_size):,} samples of {what}"
-        raise ConfigError(f"config {key}: {held} takes {part / 2**30:,.2f} "
-                          f"GiB per rank (the loader {need / 2**30:,.2f} GiB), over "
-                          f"{SHARE:.0%} of the memory available to each of the node's {local_size} rank(s) "
-                          f"({share / 2**30:,.2f} GiB); choose a smaller value")
+        raise LoaderTooLarge(argument, f"{held} takes {part / 2**30:,.2f} GiB per rank (the loader "
+                             f"{need / 2**30:,.2f} GiB), over {SHARE:.0%} of the memory available to each of "
+                             f"the node's {local_size} rank(s) ({share / 2**30:,.2f} GiB); choose a smaller value")

@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 
 from hpctrain import kernels
-from hpctrain.job.setup import Job
+from hpctrain.job.state import Job
 
 
 def startup_line(job: Job) -> str:
     """What this run chose and why, in one line: topology, device, gradient sync, effective lr."""
-    return (f"hpctrain: {job.topo.describe()} | device {describe_device(job.device, job.cfg.train.device)} | "
+    return (f"hpctrain: {job.topo.describe()} | device {describe_device(job.device, job.options.device)} | "
             f"sync {job.trainer.grad_sync.describe()} | "
             f"{job.lr_line}")
 
@@ -18,7 +18,7 @@ def startup_line(job: Job) -> str:
 def show_progress(bar, loss_acc: torch.Tensor, lr: float | None) -> None:
     """One step on the progress bar; the mean loss is read (a host sync on a GPU: the host
     waits for the step's kernels) only when tqdm redraws, a few times a second, not every
-    step (issue 34, N6). ``tqdm.update`` returns True when it redrew."""
+    step. ``tqdm.update`` returns True when it redrew."""
     if bar.update(1):
         loss_sum, n = loss_acc.tolist()
         bar.set_postfix(loss=f"{loss_sum / max(n, 1):.3f}", lr=f"{lr:.3g}")

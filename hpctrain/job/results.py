@@ -1,11 +1,10 @@
 """What a run measures: exact evaluation over the test split (each epoch where asked, and at the
-end), Final Polishing, and the summary line of metrics.jsonl from the loop's :class:`Progress`.
-Collective."""
+end), Final Polishing, and the summary line of metrics.jsonl from the loop's
+:class:`~hpctrain.job.state.Progress`. Collective."""
 from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, field
 
 import torch
 from mpi4py import MPI
@@ -14,23 +13,11 @@ from hpctrain import comm as comm_lib
 from hpctrain.job.batches import device_batches
 from hpctrain.data import eval_batches, eval_prep
 from hpctrain.data.plan import block_range
-from hpctrain.job.setup import Job
+from hpctrain.job.state import Job, Progress
 from hpctrain.ops.finite import NO_SAMPLE, check_result
 from hpctrain.ops.metrics import MetricsLog, gpu_time
 from hpctrain.models.polish import recompute_bn_stats
 from hpctrain.models.scores import Scores, has_top_k
-
-
-@dataclass
-class Progress:
-    """What the training loop has done so far (the summary's inputs)."""
-    start_step: int
-    samples: int = 0
-    skipped: int = 0
-    train_s: float = 0.0
-    breakdown: dict = field(default_factory=dict)
-    train_loss: float | None = None     # the last epoch's (the summary's)
-    at_chance: float | None = None      # the smoothed loss, if the run never learned and ends at chance
 
 
 def evaluate(job: Job, batch_size: int = 256) -> dict:
@@ -40,9 +27,9 @@ def evaluate(job: Job, batch_size: int = 256) -> dict:
     scores = Scores(job.device, block_range(job.test_set.num_samples, topo.size, topo.rank)[0])
     # every rank scores the same model: the update in flight done, rank 0's BN statistics
     pool = job.loader.jpeg.pool if job.loader.jpeg else None            # JPEG: the training loader's decode pool
-    batches = eval_batches(job.test_set, rank=topo.rank, size=topo.size, batch_size=batch_size, raw=job.raw,
-                           pool=pool)
-    prep = eval_prep(job.test_set) if job.raw else None
+    batches = eval_batches(job.test_set, rank=topo.rank, size=topo.size, batch_size=batch_size,
+                           raw=job.normalise_on_device, pool=pool)
+    prep = eval_prep(job.test_set) if job.normalise_on_device else None
     with job.trainer.evaluation() as model, torch.no_grad():
         for x, y in device_batches(batches, job.device, prep):
             scores.add(model(x), y)         # totals stay on the device: read once below
@@ -59,11 +46,11 @@ def evaluate(job: Job, batch_size: int = 256) -> dict:
 
 def polish(job: Job) -> dict:
     """Final Polishing: BN statistics recomputed on un-augmented training data, then re-evaluated."""
-    cfg = job.cfg
-    batches = job.loader.epoch(cfg.train.epochs, augment=False)
-    if cfg.polish.bn_batches:
-        batches = itertools.islice(batches, cfg.polish.bn_batches)
-    prep = job.loader.batch_prep(cfg.train.epochs, augment=False)
+    epochs, bn_batches = job.options.epochs, job.options.polish_batches
+    batches = job.loader.epoch(epochs, augment=False)
+    if bn_batches:
+        batches = itertools.islice(batches, bn_batches)
+    prep = job.loader.batch_prep(epochs, augment=False)
     with job.timer.span("polish"):
         recompute_bn_stats(job.model, device_batches(batches, job.device, prep), job.topo.comm)
     return evaluate(job)
@@ -71,9 +58,9 @@ def polish(job: Job) -> dict:
 
 def summarise(job: Job, log: MetricsLog, progress: Progress, t0: float) -> dict:
     """Final evaluation (and Final Polishing), then the summary line of metrics.jsonl. Collective."""
-    cfg, topo, loader = job.cfg, job.topo, job.loader
+    options, topo, loader = job.options, job.topo, job.loader
     result = evaluate(job)
-    if cfg.polish.bn_recompute:
+    if options.polish:
         result = {**polish(job), "test_accuracy_before_polish": result["test_accuracy"]}
     check_result(result, "test", ("test_loss", "test_accuracy"), "in the final evaluation",
                  result.get("test_nonfinite_sample", NO_SAMPLE))
@@ -84,7 +71,7 @@ def summarise(job: Job, log: MetricsLog, progress: Progress, t0: float) -> dict:
                    global_batch=loader.global_batch, skipped_steps=int(progress.skipped),
                    train_loss=progress.train_loss,
                    num_classes=loader.shards.index.num_classes,
-                   strategy=cfg.comm.strategy, compression=cfg.comm.compression, algorithm=cfg.update.algorithm,
+                   strategy=options.strategy, compression=options.compression, algorithm=options.algorithm,
                    phases_s=progress.breakdown,
                    data_wait_share=progress.breakdown.get("data", 0.0) / train_s if train_s else 0.0,
                    start_step=progress.start_step, **gpu_time(wall_s, topo.size, epochs_here))

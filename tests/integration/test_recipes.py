@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpctrain.cli import config_from_args
+from hpctrain.job.args import config_from_args
 from hpctrain.data_tools.sources import from_arrays
 from hpctrain.data_tools.writer import convert
 from hpctrain.job import run

@@ -10,7 +10,7 @@ import torch
 from mpi4py import MPI
 
 from hpctrain import comm as comm_lib
-from hpctrain.cli import config_from_args
+from hpctrain.job.args import config_from_args
 from hpctrain.job.config import validate
 from hpctrain.topology import Topology
 

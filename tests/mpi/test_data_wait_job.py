@@ -15,6 +15,7 @@ from mpi4py import MPI
 
 from hpctrain import job as job_mod
 from hpctrain.job import loop as loop_mod
+from hpctrain.job.observers import faults as faults_mod
 from hpctrain.ops import datawait
 from hpctrain.job.config import Config
 from hpctrain.ops.datawait import THRESHOLD
@@ -83,7 +84,7 @@ def test_a_slow_loader_on_one_rank_is_named_once(cfg, capsys, monkeypatch):
 @pytest.mark.mpi
 def test_a_loader_that_keeps_up_says_nothing(cfg, capsys, monkeypatch):
     comm = MPI.COMM_WORLD
-    monkeypatch.setattr(loop_mod, "maybe_inject", lambda rank, step: time.sleep(PAUSE_S))   # a slow step
+    monkeypatch.setattr(faults_mod, "maybe_inject", lambda rank, step: time.sleep(PAUSE_S))   # a slow step
     err = run_job(cfg, capsys)
     if comm.rank == 0:
         assert "input is the bottleneck" not in err, err

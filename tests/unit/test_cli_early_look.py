@@ -3,7 +3,7 @@ without the schema (which imports every registry), so it must agree with the sch
 import subprocess
 import sys
 
-from hpctrain.cli import EARLY_KEYS, config_from_args, early_look
+from hpctrain.job.args import EARLY_KEYS, config_from_args, early_look
 
 
 def schema_values(argv):
@@ -44,7 +44,7 @@ def test_values_the_schema_refuses_give_none_not_a_default(tmp_path):
 
 
 def test_the_early_look_imports_neither_torch_nor_mpi():
-    code = ("import sys; from hpctrain.cli import early_look; early_look(['--set', 'update.algorithm=odsgd']); "
+    code = ("import sys; from hpctrain.job.args import early_look; early_look(['--set', 'update.algorithm=odsgd']); "
             "print(sorted(m for m in ('torch', 'mpi4py.MPI') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

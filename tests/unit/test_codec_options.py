@@ -7,7 +7,7 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from hpctrain.cli import config_from_args
+from hpctrain.job.args import config_from_args
 from hpctrain.job.setup import trainer_keywords
 from hpctrain.config.plugins import plugin_options
 from hpctrain.job.config import ConfigError, help_text, validate

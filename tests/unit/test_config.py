@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from hpctrain.cli import config_from_args
+from hpctrain.job.args import config_from_args
 from hpctrain.config.registries import Registry
 from hpctrain.job.config import Config, ConfigError, load_toml, sections, set_value, validate
 from hpctrain.config import LOSS_SCALE, Range, registry

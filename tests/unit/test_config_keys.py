@@ -10,7 +10,7 @@ from typing import Annotated  # noqa: F401  (read by a string annotation below)
 
 import pytest
 
-from hpctrain.cli import config_from_args
+from hpctrain.job.args import config_from_args
 from hpctrain.config.plugins import plugin_options
 from hpctrain.job.config import Config, ConfigError, help_text, load_toml, validate
 from hpctrain.config.values import NON_NEGATIVE, Option
@@ -225,14 +225,16 @@ def test_dataset_may_name_a_data_source_plugin(tmp_path, monkeypatch, plugin_san
 
 
 def test_dataset_plugin_that_does_not_import_is_one_line(tmp_path):
-    """Checked where the dataset is resolved (the job's data phase: the config never imports the
-    data tools), before anything is converted; a directory is not a plugin."""
+    """Checked with every other value (:func:`validate`, importing the data tools only then) and
+    again where the dataset is resolved (a library caller's), before anything is converted; a
+    directory is not a plugin."""
     from mpi4py import MPI
 
     from hpctrain.data_tools.builtin import resolve_dataset
     cfg = from_set(["data.dataset=no_such_module_x:ramp", f"data.cache_dir={tmp_path / 'cache'}",
                     f"run.run_dir={tmp_path / 'run'}"])
-    validate(cfg)
+    with pytest.raises(ConfigError, match=r"^config data\.dataset: plugin 'no_such_module_x:ramp': cannot import"):
+        validate(cfg)
     with pytest.raises(ConfigError, match=r"^config data\.dataset: plugin 'no_such_module_x:ramp': cannot import"):
         resolve_dataset(cfg.data.dataset, cfg.data.cache_dir, MPI.COMM_SELF)
     assert not (tmp_path / "cache").exists()
@@ -241,8 +243,8 @@ def test_dataset_plugin_that_does_not_import_is_one_line(tmp_path):
 
 def test_the_cli_refuses_a_dataset_plugin_before_the_job_starts(tmp_path):
     """The same line and status as any config error, and no run directory made."""
-    code = ("import sys; from hpctrain import cli\n"
-            "sys.exit(cli.train_main(['--data', 'no_such_module_x:ramp', '--run-dir', sys.argv[1]]))\n")
+    code = ("import sys; from hpctrain.job import entry\n"
+            "sys.exit(entry.train_main(['--data', 'no_such_module_x:ramp', '--run-dir', sys.argv[1]]))\n")
     run_dir = tmp_path / "run"
     r = subprocess.run([sys.executable, "-c", code, str(run_dir)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.startswith(

@@ -63,9 +63,9 @@ def test_cli_binds_before_mpi_is_initialised(tmp_path):
             "    seen.append((want, 'mpi4py.MPI' in sys.modules))\n"
             "    raise KeyboardInterrupt\n"            # stop here: only the order is asked
             "gpu_bind.early_bind = bind\n"
-            "from hpctrain import cli\n"
+            "from hpctrain.job import entry\n"
             "try:\n"
-            "    cli.train_main(['--set', 'train.device=cuda', '--run-dir', sys.argv[1]])\n"
+            "    entry.train_main(['--set', 'train.device=cuda', '--run-dir', sys.argv[1]])\n"
             "except KeyboardInterrupt:\n"
             "    pass\n"
             "print(seen)\n")

@@ -5,7 +5,7 @@ Python keywords (``eta``, ``eps``, ``clip``, ``beta2``) do, with the config's de
 import pytest
 import torch
 
-from hpctrain.cli import config_from_args
+from hpctrain.job.args import config_from_args
 from hpctrain.job.config import validate
 from hpctrain.job.setup import build_optimizer
 from hpctrain.optim import LAMB, LARS, make_optimizer

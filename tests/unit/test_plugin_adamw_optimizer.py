@@ -4,7 +4,7 @@ written out by hand: w (1 - lr wd) - lr g / (|g| + eps) (bias-corrected moments 
 import pytest
 import torch
 
-from hpctrain.cli import config_from_args
+from hpctrain.job.args import config_from_args
 from hpctrain.job.config import validate
 from hpctrain.job.setup import build_optimizer
 

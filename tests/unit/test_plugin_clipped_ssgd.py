@@ -6,7 +6,7 @@ import torch
 from mpi4py import MPI
 
 from hpctrain import update as update_lib
-from hpctrain.cli import config_from_args
+from hpctrain.job.args import config_from_args
 from hpctrain.config.plugins import plugin_options
 from hpctrain.job.config import ConfigError, validate
 from hpctrain.topology import Topology

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from hpctrain.cli import config_from_args
+from hpctrain.job.args import config_from_args
 from hpctrain.job.config import ConfigError, validate
 from hpctrain.config.registries import Registry
 

@@ -5,7 +5,7 @@ import stat
 import pytest
 
 from hpctrain.job.config import Config, ConfigError, validate
-from hpctrain.data.memory import check_loader_memory, loader_bytes
+from hpctrain.data.memory import LoaderTooLarge, check_loader_memory, loader_bytes
 from hpctrain.ops.rundircheck import run_dir_problem
 
 
@@ -51,9 +51,9 @@ def test_a_window_too_large_for_memory_is_refused_before_allocation():
     assert loader_bytes((3, 224, 224), "uint8", batch_size=1, shuffle_window=10, prefetch=0) == \
         2 * 10 * (per_sample + 8) + 1 * (per_sample * 4 + 8)
     check_loader_memory(Index(), batch_size=64, shuffle_window=1024, prefetch=2, available=64 << 30)
-    with pytest.raises(ConfigError, match=r"config data.shuffle_window: a window of 10,000,000 samples .* per rank"):
+    with pytest.raises(LoaderTooLarge, match=r"^train_loader shuffle_window: a window of 10,000,000 samples .* rank"):
         check_loader_memory(Index(), batch_size=64, shuffle_window=10**7, prefetch=2, available=64 << 30)
-    with pytest.raises(ConfigError, match=r"config train.batch_size: .* each of the node's 8 rank"):
+    with pytest.raises(LoaderTooLarge, match=r"^train_loader batch_size: .* each of the node's 8 rank"):
         check_loader_memory(Index(), batch_size=10**6, shuffle_window=1024, prefetch=2, local_size=8,
                             available=64 << 30)
 
@@ -84,7 +84,7 @@ def test_jpeg_window_is_sized_from_the_encoded_bytes_plus_the_decode_pool(tmp_pa
                         stored_bytes=20_000) == want
     # 100k decoded samples (~30 GiB) would be refused; 100k encoded ones (~4 GiB) fit in 16 GiB
     check_loader_memory(idx, batch_size=batch, shuffle_window=window, prefetch=prefetch, available=16 << 30)
-    with pytest.raises(ConfigError, match=r"data.shuffle_window: .* JPEG \(~20 KiB each"):
+    with pytest.raises(LoaderTooLarge, match=r"shuffle_window: .* JPEG \(~20 KiB each"):
         check_loader_memory(idx, batch_size=batch, shuffle_window=window, prefetch=prefetch, available=6 << 30)
-    with pytest.raises(ConfigError):
+    with pytest.raises(LoaderTooLarge):
         check_loader_memory(Index(), batch_size=batch, shuffle_window=window, prefetch=prefetch, available=16 << 30)

@@ -6,7 +6,7 @@ lr or warm-up takes the generic values (0.1 at batch 256, linearly scaled; 5 epo
 import pytest
 import torch
 
-from hpctrain.cli import config_from_args
+from hpctrain.job.args import config_from_args
 from hpctrain.job.config import OptimConfig, validate
 from hpctrain.errors import ConfigError
 from hpctrain.models.small import SignalCNN, SmallCNN

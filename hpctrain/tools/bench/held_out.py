@@ -147,9 +147,8 @@ def large_against_small_lamb(summary: list[dict]) -> list[str]:
 
 
 def main(args, comm) -> int:
-    base = Config()
-    base.train.epochs = args.epochs
-    base.data.cache_dir = args.cache_dir or base.data.cache_dir
+    given = {"train.epochs": args.epochs, **({"data.cache_dir": args.cache_dir} if args.cache_dir else {})}
+    base = with_values(Config(), given)
     datasets = args.datasets.split(",")
     unknown = [d for d in datasets if d not in DATASETS]
     if unknown:

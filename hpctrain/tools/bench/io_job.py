@@ -10,22 +10,20 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from hpctrain.data import read_index
-
 
 def data_wait_share(comm, topo, steps: int, driver: str | None = None) -> dict:
     """Train the default job's model (digits CNN, global batch 64) and time the loader waits."""
     import torch
-    from hpctrain.data_tools.builtin import resolve_dataset
     from hpctrain.models import build_model
     torch.set_num_threads(1)
     from hpctrain.data import train_loader
-    from hpctrain.job.config import Config
-    from hpctrain.job.setup import loader_keywords
+    from hpctrain.job.config import Config, set_value
+    from hpctrain.job.setup import data_index, loader_keywords
     cfg = Config()                                        # the default job's data options
-    cfg.train.batch_size, cfg.train.seed = 64, 0
-    cfg.data.hdf5_driver = driver or cfg.data.hdf5_driver
-    idx = read_index(resolve_dataset(cfg.data.dataset, cfg.data.cache_dir, comm))
+    for key, value in (("train.batch_size", 64), ("train.seed", 0), ("data.hdf5_driver", driver)):
+        if value is not None:
+            set_value(cfg, key, value)
+    idx = data_index(cfg, topo)
     ld = train_loader(idx, topo, **loader_keywords(cfg, topo.size))
     driver = ld.shards.driver
     torch.manual_seed(0)

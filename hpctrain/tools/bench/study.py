@@ -16,7 +16,7 @@ import argparse
 import json
 import os
 
-from hpctrain.job.config import Config, load_toml
+from hpctrain.job.config import Config, load_toml, set_value
 from hpctrain.tools.bench.variant import run_variant
 
 
@@ -100,7 +100,7 @@ def main(argv: list[str]) -> int:
     base = Config()
     if args.config:
         load_toml(base, args.config)
-    base.train.epochs = args.epochs
+    set_value(base, "train.epochs", args.epochs)
     rows = [run_variant(base, n, o, args.out, comm)
             for n, o in variants(args.batch, args.factor, args.lr, args.lars_lr, args.warmup_epochs)]
     if not args.no_polish:

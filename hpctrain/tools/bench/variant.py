@@ -23,14 +23,12 @@ def run_variant(base: Config, name: str, overrides: dict, out_dir: str, comm) ->
     """Train ``base`` with ``overrides`` in ``out_dir``/<the variant's short name>; its summary and
     test-accuracy curve (read back from the run's metrics on rank 0)."""
     from hpctrain.job import run           # the training job is loaded only when a study trains
-    cfg = with_values(base, overrides)
-    cfg.run.run_dir = os.path.join(out_dir, name.split(")")[0].strip("(").replace(" ", "_") or name)
-    cfg.run.progress = False
-    cfg.train.eval_every = 1
+    run_dir = os.path.join(out_dir, name.split(")")[0].strip("(").replace(" ", "_") or name)
+    cfg = with_values(base, {**overrides, "run.run_dir": run_dir, "run.progress": False, "train.eval_every": 1})
     summary = run(cfg, comm)
     curve = []
     if comm.Get_rank() == 0:
-        with open(os.path.join(cfg.run.run_dir, "metrics.jsonl")) as fh:
+        with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
             curve = [r["test_accuracy"] for r in map(json.loads, fh) if r["event"] == "epoch"]
     return {"name": name, "overrides": overrides, "test_accuracy": summary["test_accuracy"],
             "test_loss": summary["test_loss"], "train_loss": summary["train_loss"],
