@@ -7,6 +7,7 @@ are what Open MPI needs as root on 2 cores; MPICH's Hydra ignores them (it runs 
 oversubscribes without being asked).
 """
 import os
+import re
 import subprocess
 import sys
 import time
@@ -16,6 +17,17 @@ ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
 MPIEXEC = os.environ.get("HPCTRAIN_MPIEXEC") or (
     "mpiexec.mpich" if os.path.basename(sys.prefix).endswith("-mpich") else "mpiexec")
 IMPL = "mpich" if "mpich" in os.path.basename(MPIEXEC) or "hydra" in os.path.basename(MPIEXEC) else "openmpi"
+
+
+# A launcher's banner opens with a rule of dashes. Open MPI forwards a rank's stderr through its
+# event loop and prints its own banner directly, so a rank's last line can still be waiting for its
+# newline when the rule is written: "hpctrain: error: ...-------". Seen once, in test_ops_rundir.py.
+_BANNER_RULE = re.compile(r"(?<=[^\n-])(-{20,})")
+
+
+def hpctrain_lines(stderr: str, prefix: str = "hpctrain") -> list[str]:
+    """The lines a job printed that start with ``prefix``, a launcher banner's rule split off."""
+    return [line for line in _BANNER_RULE.sub(r"\n\1", stderr).splitlines() if line.startswith(prefix)]
 
 
 def mpirun(n: int, args: list[str], timeout: float = 300, env: dict | None = None):

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from tests.integration.mpirun import mpirun
+from tests.integration.mpirun import hpctrain_lines, mpirun
 from tests.integration.inprocess import run_cli
 
 
@@ -54,7 +54,7 @@ def test_diverging_run_stops_every_rank_with_one_line(tmp_path, extra):
     r, secs = mpirun(2, ["-m", "hpctrain", "--run-dir", str(tmp_path), "--no-progress", "--epochs", "3",
                          "--lr", "1000", *extra], timeout=240)
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
-    ours = [x for x in r.stderr.splitlines() if x.startswith("hpctrain")]
+    ours = hpctrain_lines(r.stderr)
     assert len(ours) == 1 and STOP_LINE.match(ours[0]), r.stderr[-2000:]
     assert "Traceback" not in r.stderr and "aborting" not in r.stderr
     events = [json.loads(x)["event"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from tests.integration.mpirun import ENV, mpirun
+from tests.integration.mpirun import ENV, hpctrain_lines, mpirun
 
 COLLAPSING = ["--no-progress", "--set", "model.batchnorm=false", "--set", "optim.name=lamb", "--set", "optim.lr=0.15",
               "--set", "optim.scale_lr=false", "--set", "optim.warmup_epochs=3", "--set", "optim.schedule=constant",
@@ -21,7 +21,7 @@ def records(run_dir):
 def test_a_collapsed_run_ends_with_status_6_and_one_line(tmp_path):
     r, _ = mpirun(2, ["-m", "hpctrain", "--run-dir", str(tmp_path), "--epochs", "8", *COLLAPSING], timeout=240)
     assert r.returncode == 6, (r.returncode, r.stderr[-2000:])
-    lines = [ln for ln in r.stderr.splitlines() if "training collapsed" in ln]
+    lines = [ln for ln in hpctrain_lines(r.stderr, "") if "training collapsed" in ln]
     assert len(lines) == 1, r.stderr[-2000:]                      # rank 0 alone
     assert lines[0].startswith("hpctrain: error: training collapsed: the loss (smoothed) fell to ")
     assert "ln C = 2.303" in lines[0] and "optim.warmup_epochs" in lines[0] and "lr 0.15 as given" in lines[0]
@@ -58,7 +58,7 @@ def test_a_run_that_never_learned_is_not_done(tmp_path):
     status 6 and one line, not "done"; with train.on_collapse=warn, the line and status 0."""
     r, _ = mpirun(2, ["-m", "hpctrain", "--run-dir", str(tmp_path / "stop"), "--epochs", "2", *NOT_MOVING], timeout=240)
     assert r.returncode == 6, (r.returncode, r.stderr[-2000:])
-    lines = [ln for ln in r.stderr.splitlines() if "never left chance" in ln]
+    lines = [ln for ln in hpctrain_lines(r.stderr, "") if "never left chance" in ln]
     assert len(lines) == 1 and lines[0].startswith("hpctrain: error: training never left chance: after 44 steps"), \
         r.stderr[-2000:]
     assert "ln C = 2.303" in lines[0] and "lr 1e-09 as given" in lines[0]

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from tests.integration.inprocess import run_cli
-from tests.integration.mpirun import mpirun
+from tests.integration.mpirun import hpctrain_lines, mpirun
 from tests.shard_files import convert_digits, flip
 
 
@@ -41,7 +41,7 @@ def test_flipped_byte_stops_the_job_with_one_line(digits, tmp_path, capsys, shar
     else:
         r = run_cli(capsys, "--run-dir", str(tmp_path / "run"), "--epochs", "1", "--data", d, "--no-progress")
         secs = 0.0
-    ours = [line for line in r.stderr.splitlines() if line.startswith("hpctrain")]
+    ours = hpctrain_lines(r.stderr)
     assert r.returncode == 2, r.stderr[-2000:]
     assert "Traceback" not in r.stderr and len(ours) == 1, r.stderr[-2000:]
     assert ours[0].startswith(f"hpctrain: error: {os.path.join(d, shard)}: checksum mismatch")
@@ -74,7 +74,7 @@ def test_bad_label_found_by_one_rank_mid_run_aborts_with_one_line(digits, tmp_pa
             entry.update(shard_digests(shard, entry["blocks"]["bytes"]))
     json.dump(index, open(os.path.join(d, "index.json"), "w"))
     r, secs = train(d, tmp_path / "run")
-    ours = [line for line in r.stderr.splitlines() if line.startswith("hpctrain")]
+    ours = hpctrain_lines(r.stderr)
     assert r.returncode == 2, r.stderr[-2000:]
     assert "Traceback" not in r.stderr, r.stderr[-2000:]
     assert ours[0].startswith("hpctrain: error: rank ") and f"{shard}: sample 5" in ours[0], ours
@@ -99,7 +99,7 @@ def test_bad_data_block_found_mid_epoch_aborts_before_its_step(tmp_path, extra):
     assert any(a <= k < b for a, b in entry["blocks"]["data"])        # a block checked on read
     flip(shard, pos)
     r, secs = train(d, tmp_path / "run", extra=extra)
-    ours = [line for line in r.stderr.splitlines() if line.startswith("hpctrain")]
+    ours = hpctrain_lines(r.stderr)
     assert r.returncode == 2, r.stderr[-2000:]
     assert "Traceback" not in r.stderr, r.stderr[-2000:]
     assert ours[0].startswith("hpctrain: error: rank ") and ours[0].endswith(

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from tests.integration.inprocess import run_cli
-from tests.integration.mpirun import mpirun, rank_pids, start_training
+from tests.integration.mpirun import hpctrain_lines, mpirun, rank_pids, start_training
 
 ARGS = ["-m", "hpctrain", "--no-progress"]
 
@@ -20,7 +20,7 @@ def test_second_job_on_a_run_dir_stops_naming_the_holder(tmp_path):
         before = {n: (tmp_path / n).read_bytes() for n in ("run_id", ".lock")}
         r, secs = mpirun(2, [*ARGS, "--run-dir", str(tmp_path), "--seed", "5", "--max-steps", "2"], timeout=120)
         assert r.returncode == 2, r.stderr[-3000:]
-        lines = [x for x in r.stderr.splitlines() if x.startswith("hpctrain:")]
+        lines = hpctrain_lines(r.stderr, "hpctrain:")
         assert lines == [f"hpctrain: error: run directory {tmp_path} is in use by pid {pid} on host "
                          f"{socket.gethostname()} since {json.loads(before['.lock'])['start']} (lock "
                          f"{tmp_path}/.lock); wait for that job to end or choose another --run-dir"], lines
@@ -51,7 +51,7 @@ def test_resume_auto_refuses_another_runs_checkpoint(tmp_path, capsys):
     # the refusal is decided at start-up, before any step: the CLI's entry in process
     r = run_cli(capsys, *ARGS[2:], "--run-dir", str(tmp_path), "--max-steps", "3", "--seed", "5", "--resume", "auto")
     assert r.returncode == 2, r.stderr[-3000:]
-    lines = [x for x in r.stderr.splitlines() if x.startswith("hpctrain:")]
+    lines = hpctrain_lines(r.stderr, "hpctrain:")
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
     run_id = (tmp_path / "run_id").read_text().strip()
     assert lines[0].startswith(f"hpctrain: error: checkpoint {old} belongs to run ") and \

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.integration.mpirun import ENV, IMPL, MPIEXEC, rank_pids
+from tests.integration.mpirun import ENV, IMPL, MPIEXEC, hpctrain_lines, rank_pids
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -67,7 +67,7 @@ def test_stop_through_the_launcher_is_status_3_by_hpctrain_status(tmp_path, how)
         os.kill(proc.pid, signal.SIGTERM)
     err = finish(proc)
     assert "Traceback" not in err, err[-3000:]
-    lines = [x for x in err.splitlines() if x.startswith("hpctrain:")]
+    lines = hpctrain_lines(err, "hpctrain:")
     assert len(lines) == 1 and lines[0].startswith("hpctrain: stopped by SIG"), err[-3000:]
     code, line = status(tmp_path)
     assert code == 3, line

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.integration.mpirun import MPIEXEC, mpirun, rank_pids, start_training
+from tests.integration.mpirun import MPIEXEC, hpctrain_lines, mpirun, rank_pids, start_training
 
 
 def test_watchdog_names_the_stalled_rank(tmp_path):
@@ -19,7 +19,7 @@ def test_watchdog_names_the_stalled_rank(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]        # a stall is reported, not fatal
     assert re.search(r"hpctrain: watchdog: no progress for \d+ s: rank 1 is at the start of step 5; "
                      r"rank 0 waits after 'backward' of step 5\n", r.stderr), r.stderr[-2000:]
-    step5 = [x for x in r.stderr.splitlines() if x.startswith("hpctrain: watchdog:") and "of step 5" in x]
+    step5 = [x for x in hpctrain_lines(r.stderr, "hpctrain: watchdog:") if "of step 5" in x]
     assert len(step5) <= 3                           # once per timeout period, not per poll
 
 

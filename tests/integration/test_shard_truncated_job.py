@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from tests.integration.mpirun import ENV, MPIEXEC
+from tests.integration.mpirun import ENV, MPIEXEC, hpctrain_lines
 from tests.shard_files import convert_digits
 
 SHARD = "train-00001-of-00004.h5"
@@ -39,7 +39,7 @@ def test_a_shard_truncated_mid_run_stops_the_job_with_status_2_and_one_line(tmp_
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    errors = [x for x in err.splitlines() if x.startswith("hpctrain: error:")]
+    errors = hpctrain_lines(err, "hpctrain: error:")
     assert proc.returncode == 2, err[-2000:]
     assert "Traceback" not in err and len(errors) == 1 and os.path.join(data, SHARD) in errors[0], err[-2000:]
     assert secs < 60, secs                              # stopped at once, not after the 400 epochs

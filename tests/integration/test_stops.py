@@ -10,13 +10,14 @@ import pytest
 
 from hpctrain.ops import checkpoint as ck
 from tests.integration.inprocess import run_cli
+from tests.integration.mpirun import hpctrain_lines as launched_lines
 from tests.integration.mpirun import mpirun, rank_pids, start_training
 
 ARGS = ["-m", "hpctrain", "--no-progress"]
 
 
 def hpctrain_lines(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if line.startswith("hpctrain:")]
+    return launched_lines(stderr, "hpctrain:")
 
 
 def assert_one_clean_line(stderr: str, expected: str) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 
 from hpctrain.ops import checkpoint as ck
 from tests.integration.inprocess import run_cli
-from tests.integration.mpirun import mpirun
+from tests.integration.mpirun import hpctrain_lines, mpirun
 
 ARGS = ["-m", "hpctrain", "--no-progress", "--set", "train.eval_every=0"]
 
@@ -21,7 +21,7 @@ def run(run_dir, *extra):
 
 
 def ours(r):
-    return [x for x in r.stderr.splitlines() if x.startswith("hpctrain")]
+    return hpctrain_lines(r.stderr)
 
 
 def status(run_dir):

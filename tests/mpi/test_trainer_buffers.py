@@ -6,6 +6,7 @@ every forward (``broadcast_buffers="forward"``).
 
 ``mpiexec -n 2 .venv/bin/python -m pytest --only-mpi --color=no tests/mpi/test_trainer_buffers.py``
 """
+import gc
 import os
 import threading
 
@@ -97,6 +98,9 @@ def test_unknown_buffer_mode_is_refused():
 
 
 def open_hdf5_files() -> int:
+    """After a collection: an earlier test's file that only waits for the garbage collector
+    (a reference cycle) would otherwise be counted before a run and closed during it."""
+    gc.collect()
     return h5py.h5f.get_obj_count(h5py.h5f.OBJ_ALL, h5py.h5f.OBJ_FILE)
 
 
