@@ -80,6 +80,36 @@ class Pending:
         return self.value
 
 
+class TimedPending(Pending):
+    """A :class:`Pending` whose time goes to a budget (:class:`hpctrain.ops.budget.PhaseBudget`):
+    advancing the generator to ``level`` (the reduction's own work), testing for completion to
+    ``"wait"``, blocking to what the generator tagged it is waiting for (``level`` if nothing:
+    a ring's messages are its reduction)."""
+
+    __slots__ = ("probe", "bucket", "level")
+
+    def __init__(self, gen, probe, bucket: int, level: str):
+        self.probe, self.bucket, self.level = probe, bucket, level
+        super().__init__(gen)
+
+    def _run(self) -> None:
+        with self.probe.span(self.level, self.bucket):
+            super()._run()
+
+    def poll(self) -> bool:
+        if self.done:
+            return True
+        with self.probe.span("wait", self.bucket):
+            return super().poll()
+
+    def wait(self) -> Any:
+        while not self.done:
+            with self.probe.span(self.probe.tagged(self.bucket, self.level), self.bucket):
+                wait_all(self.reqs)
+            self._run()
+        return self.value
+
+
 def run(gen: Generator[list, None, Any]) -> Any:
     """Drive a reduction generator to completion (the blocking path)."""
     return Pending(gen).wait()
