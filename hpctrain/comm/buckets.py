@@ -157,7 +157,8 @@ class Bucket:
             elif g is not v and (not pack_here or not (g.is_contiguous() and v.is_contiguous())):
                 v.copy_(g)      # packed: a strided view is packed in memory order, from v
                 g = v
-            srcs.append(self.segment(self.k, i) if g is v else g.reshape(-1))
+            if pack_here:       # the packer's inputs (nothing else reads them)
+                srcs.append(self.segment(self.k, i) if g is v else g.reshape(-1))
         if pack_here:       # the round's values (then the mean, in place) are in the wire
             self.wire.pack(srcs, scale)
             self._encoded = True
