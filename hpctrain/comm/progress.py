@@ -14,6 +14,7 @@ blocks; True once complete) and ``wait()``, such as a staged bucket's device-to-
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
@@ -38,11 +39,20 @@ def test_all(reqs) -> bool:
 
 
 def wait_all(reqs) -> None:
-    """``MPI.Request.Waitall`` over ``reqs``, other waitables by their ``wait()``."""
+    """Wait for ``reqs``: other waitables by their ``wait()``; MPI requests by ``Testall`` with
+    the core given up between tests (``sched_yield``), never by ``Waitall``.
+
+    Open MPI's ``Waitall`` spins in its progress loop at full speed unless the job set
+    ``mpi_yield_when_idle`` (it does so by itself only when it knows the node is
+    oversubscribed). A rank that reaches a node barrier first would spin on a core that the
+    other rank's backward, a data-loader worker or a decode thread needs on a fully used node;
+    yielding costs a system call per test where nothing else wants the core."""
     others = [r for r in reqs if not isinstance(r, MPI.Request)]
     for w in others:
         w.wait()
-    MPI.Request.Waitall([r for r in reqs if isinstance(r, MPI.Request)] if others else reqs)
+    mpi_reqs = [r for r in reqs if isinstance(r, MPI.Request)] if others else reqs
+    while not test_all(mpi_reqs):
+        os.sched_yield()
 
 
 class Pending:

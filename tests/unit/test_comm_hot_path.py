@@ -90,3 +90,15 @@ def test_the_probe_changes_no_result_and_its_phases_add_up():
             assert {("pack", 0), ("reduce.node", 0), ("unpack", 0)} <= set(totals)
             assert sum(totals.values()) == sum(walls) or abs(sum(totals.values()) - sum(walls)) < 1e-9
     assert all(torch.equal(a, b) for a, b in zip(*out))
+
+
+def test_waiting_on_mpi_requests_gives_the_core_away_between_tests(monkeypatch):
+    from hpctrain.comm import progress
+    answers = iter([False, False, True])
+    tested, yielded = [], []
+    monkeypatch.setattr(progress, "test_all", lambda reqs: tested.append(list(reqs)) or next(answers))
+    monkeypatch.setattr(progress.os, "sched_yield", lambda: yielded.append(1))
+    req = MPI.COMM_SELF.Ibarrier()
+    progress.wait_all([req])
+    assert len(tested) == 3 and len(yielded) == 2     # tested until done, the core given up between
+    req.Wait()
