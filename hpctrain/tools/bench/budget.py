@@ -19,6 +19,7 @@ import functools
 from mpi4py import MPI
 
 from hpctrain.ops.budget import NO_BUCKET, OTHER, PhaseBudget
+from hpctrain.ops.timeline import Timeline, merge_and_write
 from hpctrain.update.guard import NonFiniteGuard
 from hpctrain.tools.bench.floor import floor_of
 
@@ -92,11 +93,13 @@ def per_step(totals: dict, steps: int) -> tuple[dict[str, float], dict[int, dict
     return phases, buckets
 
 
-def measure_budget(comm: MPI.Comm, trainer, optimizer, data, steps: int) -> dict:
+def measure_budget(comm: MPI.Comm, trainer, optimizer, data, steps: int, trace: str | None = None) -> dict:
     """Run ``steps`` instrumented steps; every rank's mean per step (ms) of each phase, of each
-    bucket's phases, of the wall time, and the floor (collective)."""
+    bucket's phases, of the wall time, and the floor (collective). ``trace``: also write every
+    span of every rank to this Chrome trace (:mod:`hpctrain.ops.timeline`; buckets as ``pack[0]``)."""
     x, y = data
-    budget = PhaseBudget()
+    timeline = Timeline(comm) if trace else None
+    budget = PhaseBudget(sinks=[timeline] if timeline is not None else ())
     walls = []
     with instrument(trainer, optimizer, budget):
         comm.Barrier()
@@ -104,6 +107,8 @@ def measure_budget(comm: MPI.Comm, trainer, optimizer, data, steps: int) -> dict
         for _ in range(steps):
             walls.append(budget.step(lambda: trainer.step(x, y)))
         totals = budget.reset()
+    if timeline is not None and trace:
+        merge_and_write(timeline, comm, trace)
     phases, buckets = per_step(totals, steps)
     size = comm.Get_size()
     mean = _mean_over_ranks(comm, phases)

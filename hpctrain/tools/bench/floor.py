@@ -93,8 +93,9 @@ def sync_latency(comm: MPI.Comm, strategy: str, repeats: int = 50) -> float:
 
 
 def floor_of(sync, compute_s: float) -> dict:
-    """The floor of a step of the gradient sync ``sync`` (collective over its communicators):
-    ``compute_s`` plus its memory traffic and syncs, each part and what it assumed."""
+    """The floor of a step of the gradient sync ``sync`` (collective over its communicators;
+    between rounds: it writes the largest bucket's input buffer): ``compute_s`` plus its memory
+    traffic and syncs, each part and what it assumed."""
     strategy, topo = sync.name, sync.topo
     buckets = sync.buckets
     sizes = [b.n_elems * b.bufs[0].element_size() for b in buckets]
@@ -102,7 +103,9 @@ def floor_of(sync, compute_s: float) -> dict:
     local = topo.local_size if strategy == "hierarchical" or topo.n_nodes == 1 else 1
     moved = copies_per_step(strategy, sizes, local, fp16) if topo.comm.Get_size() > 1 else 0.0
     biggest = max(buckets, key=lambda b: b.n_elems) if buckets else None
-    rate = copy_rate(topo.intra, biggest.bufs[0], biggest.bufs[1]) if biggest is not None and biggest.n_elems else 0.0
+    # out -> flat: after a finished round ``flat`` (this rank's own gradients) is free, ``out``
+    # (the means, where p.grad points) is kept
+    rate = copy_rate(topo.intra, biggest.out, biggest.flat) if biggest is not None and biggest.n_elems else 0.0
     sync_comm = topo.intra if strategy == "hierarchical" else topo.comm
     latency = sync_latency(sync_comm, strategy)
     n_syncs = syncs_per_step(strategy, len(buckets), topo.comm.Get_size())

@@ -2,6 +2,7 @@
 
     mpiexec -n 2 .venv/bin/python -m hpctrain bench step [--models digits_cnn,resnet20,mlp]
             [--configs default,flat,...] [--batch 32] [--steps 8] [--rounds 5] [--json FILE]
+            [--budget-steps 8] [--budget-trace PREFIX]
 
 What users compare: whole steps (forward, backward, gradient sync, SGD-momentum update) on
 synthetic data, per-rank batch ``--batch``. Contenders (``--configs``):
@@ -28,6 +29,10 @@ order that rotates from round to round, so background load on a shared host hits
 alike; a run's time is the slowest rank's. The table shows the median ms/step over rounds and,
 per contender, the median over rounds of the paired ratio DDP time / contender time (> 1: faster
 than DDP), steadier than a ratio of medians.
+
+After the rounds, every hpctrain contender runs ``--budget-steps`` instrumented steps: where the
+step's time goes, phase by phase and bucket by bucket, beside its physical floor
+(:mod:`hpctrain.tools.bench.budget`, :mod:`hpctrain.tools.bench.floor`; CPU runs only).
 """
 from __future__ import annotations
 
@@ -180,6 +185,11 @@ def make_data(model_name: str, batch: int, rank: int, device=CPU) -> tuple[torch
     return x.to(device), y.to(device)
 
 
+def trace_path(prefix: str | None, model_name: str, config: str) -> str | None:
+    """``--budget-trace PREFIX``: one Chrome trace per hpctrain contender, PREFIX-MODEL-CONFIG.json."""
+    return f"{prefix}-{model_name}-{config.replace('+', '_')}.json" if prefix else None
+
+
 def paired_ratios(base: list[float], times: list[float]) -> float:
     """Median over rounds of base_time / time (throughput relative to the baseline)."""
     return statistics.median(b / t for b, t in zip(base, times))
@@ -204,7 +214,8 @@ def measure_model(args, comm, topo, dist, model_name: str, device=CPU) -> list[d
             for k in range(len(contenders)):
                 c = contenders[(k + r) % len(contenders)]
                 times[c.name].append(time_steps(comm, c, data, args.steps, device))
-        budgets = {c.name: measure_budget(comm, c.trainer, c.optimizer, data, args.budget_steps)
+        budgets = {c.name: measure_budget(comm, c.trainer, c.optimizer, data, args.budget_steps,
+                                          trace_path(args.budget_trace, model_name, c.name))
                    for c in contenders if c.trainer is not None and args.budget_steps
                    and device.type == "cpu"}   # after the rounds; host clocks: a GPU's time is not the host's
     base_times = times.get("ddp")
@@ -259,6 +270,8 @@ def parse_args(argv):
     p.add_argument("--budget-steps", type=int, default=8, metavar="N",
                    help="instrumented steps per hpctrain contender after the rounds, for the per-step "
                         "budget and floor (0: none)")
+    p.add_argument("--budget-trace", metavar="PREFIX",
+                   help="write the budget's spans, every rank, as Chrome traces PREFIX-MODEL-CONFIG.json")
     args = check_round_args(p, p.parse_args(argv), INPUTS,
                             lambda c: c in ("nocomm", "ddp", "horovod") or parse_config(c))
     if args.budget_steps < 0:
