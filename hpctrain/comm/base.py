@@ -72,9 +72,8 @@ class GradSync:
         self._seen: set[int] = set()             # ids of params whose grad is ready this round
         self._n_ready = [0] * len(self.buckets)
         self._index_in_bucket = {id(p): i for b in self.buckets for i, p in enumerate(b.params)}
-        # Before autograd accumulates: a parameter whose bucket is in flight gets a private grad.
-        # Registered only while a bucket can be in flight across a backward (a round started by
-        # a hook or begin()), so a blocking round's backward calls no Python hook per parameter.
+        # Before autograd accumulates: a parameter whose bucket is in flight gets a private grad;
+        # hooked only while a bucket may be in flight across a backward (not in a blocking round).
         self._guards = [[self._before_accumulate(p) for p in b.params] for b in self.buckets]
         self._guard_handles: dict[int, list] = {}
         self._hooks: list = []
@@ -121,8 +120,7 @@ class GradSync:
         return []
 
     def budget_level(self) -> str:
-        """The budget phase a bucket's reduction is charged to by default (its own spans and
-        tags aside): ``reduce.node`` while every rank is on one node, ``reduce.inter`` else."""
+        """The budget phase a bucket's reduction is charged to where it says nothing finer."""
         return "reduce.node" if self.topo.n_nodes == 1 else "reduce.inter"
 
     def _prepare(self, sizes) -> None:
@@ -259,8 +257,7 @@ class GradSync:
         self._n_ready = [0] * len(self.buckets)
         return streams.any_flag(flags) if check else False
 
-    def _unguard(self, index: int) -> None:
-        """Bucket ``index`` is no longer in flight: its parameters' guard hooks go."""
+    def _unguard(self, index: int) -> None:     # bucket ``index`` is no longer in flight
         for h in self._guard_handles.pop(index, ()):
             h.remove()
 

@@ -44,6 +44,7 @@ class _TimedGuard(NonFiniteGuard):
     """The algorithm's guard with its weight check charged to ``check`` (the guard is slotted:
     its method cannot be wrapped on the instance)."""
     __slots__ = ("budget",)
+    budget: PhaseBudget
 
     def applied(self, step: int, params, grads_checked: bool = True) -> None:
         with self.budget.span("check"):
