@@ -106,8 +106,9 @@ def floor_of(sync, compute_s: float) -> dict:
     # out -> flat: after a finished round ``flat`` (this rank's own gradients) is free, ``out``
     # (the means, where p.grad points) is kept
     rate = copy_rate(topo.intra, biggest.out, biggest.flat) if biggest is not None and biggest.n_elems else 0.0
-    sync_comm = topo.intra if strategy == "hierarchical" else topo.comm
-    latency = sync_latency(sync_comm, strategy)
+    # the strategy's own communicators (its first bucket's: a Dup of the node's or of all ranks')
+    own = [h for h in sync.handles() if isinstance(h, MPI.Comm)]
+    latency = sync_latency(own[0] if own else topo.intra if strategy == "hierarchical" else topo.comm, strategy)
     n_syncs = syncs_per_step(strategy, len(buckets), topo.comm.Get_size())
     transfer_s = moved / rate if rate else 0.0
     return {"compute_ms": compute_s * 1e3, "bytes_moved": moved, "gradient_bytes": sum(sizes),
