@@ -136,12 +136,14 @@ def _mean_over_ranks(comm: MPI.Comm, values: dict) -> dict:
 
 
 def format_budget(rows) -> str:
-    """Per (model, config) with a budget: ms per step by phase, the sum against the step's wall
-    time, the floor and its parts; then the per-bucket phases."""
+    """Per (model, config) with a budget: ms per step by phase, the sum against the instrumented
+    steps' wall time (``resid%``: what no phase claims), the rounds' median without the recorder
+    (``timed``: what the instrumented steps should resemble), the floor and its parts; then the
+    per-bucket phases."""
     lines = []
     cols = [p for p in PHASES if any(p in r["budget"]["phases_ms"] for r in rows if r.get("budget"))]
     head = f"{'model':<11} {'config':<22} " + " ".join(f"{LABELS.get(c, c):>12}" for c in cols) + \
-        f" {'sum':>8} {'step':>8} {'resid%':>7} {'floor':>8} {'x floor':>7}"
+        f" {'sum':>8} {'step':>8} {'resid%':>7} {'timed':>8} {'floor':>8} {'x floor':>7}"
     lines += ["budget (ms/step, mean over ranks; exclusive time, innermost span)", head, "-" * len(head)]
     for r in rows:
         b = r.get("budget")
@@ -150,7 +152,8 @@ def format_budget(rows) -> str:
         f = b["floor"]
         lines.append(f"{r['model']:<11} {r['config']:<22} "
                      + " ".join(f"{b['phases_ms'].get(c, 0.0):12.2f}" for c in cols)
-                     + f" {b['sum_ms']:8.2f} {b['step_ms']:8.2f} {b['residual_pct']:7.1f} {f['floor_ms']:8.2f} "
+                     + f" {b['sum_ms']:8.2f} {b['step_ms']:8.2f} {b['residual_pct']:7.1f} {r['step_ms']:8.2f} "
+                     f"{f['floor_ms']:8.2f} "
                      f"{f['floor_ms'] / b['step_ms'] if b['step_ms'] else 0.0:7.2f}")
     lines += ["", "floor = compute (zero_grad+forward+backward+optimizer) + bytes moved / copy rate + syncs x latency"]
     for r in rows:
