@@ -2,7 +2,7 @@
 
 A reduction algorithm is a generator that posts non-blocking MPI operations and ``yield``s the
 list of requests it needs before it can go on; it ``return``s its result (the overflow flag).
-Written this way the *same* code runs blocking (drive with ``Waitall``) and overlapped with
+Written this way the *same* code runs blocking (driven by :func:`wait_all`) and overlapped with
 backward (poll with ``Testall`` from gradient hooks), so both paths do identical arithmetic in
 identical order and give bit-identical results. No progress thread is needed: the hooks fire
 once per parameter during backward, and Open MPI's non-blocking operations advance inside
