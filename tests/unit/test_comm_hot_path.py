@@ -102,3 +102,40 @@ def test_waiting_on_mpi_requests_gives_the_core_away_between_tests(monkeypatch):
     progress.wait_all([req])
     assert len(tested) == 3 and len(yielded) == 2     # tested until done, the core given up between
     req.Wait()
+
+
+def test_an_ssgd_step_writes_no_zeros_over_the_gradients():
+    """SSGD sets .grad to None and the bucket copies the fresh gradient in: no zeroing pass and
+    no in-place accumulate into the bucket, and the same mean as before."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    model = small_model()
+    topo = Topology.create(MPI.COMM_SELF)
+    trainer = DistributedTrainer(model, torch.optim.SGD(model.parameters(), lr=0.1), topo, strategy="flat")
+    x, y = batch()
+    try:
+        trainer.step(x, y)                          # the views are bound from here on
+        reference = [p.detach().clone() for p in model.parameters()]
+        with Count() as count:
+            trainer.step(x, y)
+        zeroing = [op for op in count.ops if op.startswith(("zero_", "_foreach_zero_", "fill_"))]
+        assert zeroing == []
+        ref_model = small_model()                  # torch alone, from the weights after step 1
+        with torch.no_grad():
+            for p, w in zip(ref_model.parameters(), reference):
+                p.copy_(w)
+        torch.nn.functional.cross_entropy(ref_model(x), y).backward()
+        for p, q in zip(ref_model.parameters(), model.parameters()):
+            torch.testing.assert_close(q, p - 0.1 * p.grad)
+    finally:
+        trainer.close()
+        topo.close()
