@@ -23,8 +23,9 @@ from hpctrain.comm import compression as compression_lib
 from hpctrain.comm import staging as staging_lib
 from hpctrain.comm import streams, tuner
 from hpctrain.comm.buckets import DEFAULT_BUCKET_BYTES, Bucket, bucket_sizes, make_buckets
-from hpctrain.comm.progress import Pending, Reduction
+from hpctrain.comm.progress import Pending, Reduction, TimedPending
 from hpctrain.comm.wire import Wire
+from hpctrain.ops.budget import NULL_PROBE
 from hpctrain.topology import Topology
 
 
@@ -71,11 +72,15 @@ class GradSync:
         self._seen: set[int] = set()             # ids of params whose grad is ready this round
         self._n_ready = [0] * len(self.buckets)
         self._index_in_bucket = {id(p): i for b in self.buckets for i, p in enumerate(b.params)}
-        # Before autograd accumulates: a parameter whose bucket is in flight gets a private grad.
-        self._hooks = [p.register_hook(self._before_accumulate(p)) for p in self.params]
+        # Before autograd accumulates: a parameter whose bucket is in flight gets a private grad;
+        # hooked only while a bucket may be in flight across a backward (not in a blocking round).
+        self._guards = [[self._before_accumulate(p) for p in b.params] for b in self.buckets]
+        self._guard_handles: dict[int, list] = {}
+        self._hooks: list = []
         if overlap:
             self._hooks += [p.register_post_accumulate_grad_hook(self._on_grad_ready)
                             for p in self.params]
+        self.probe = NULL_PROBE         # a PhaseBudget where a benchmark asks where time goes
         self.closed = False
 
     # --- what a strategy provides -------------------------------------------------------------
@@ -114,6 +119,10 @@ class GradSync:
         """How each bucket is summed (for :meth:`describe`)."""
         return []
 
+    def budget_level(self) -> str:
+        """The budget phase a bucket's reduction is charged to where it says nothing finer."""
+        return "reduce.node" if self.topo.n_nodes == 1 else "reduce.inter"
+
     def _prepare(self, sizes) -> None:
         """Called with ``[(n_elems, dtype)]`` of every bucket before any is allocated."""
 
@@ -151,9 +160,10 @@ class GradSync:
         for callback in self.on_start:
             callback(bucket.index)
         bucket.next_round()
-        bucket.gather_grads(self.gather_scale)
-        if bucket.staging is not None:
-            return bucket.stage_in(self.gather_scale)
+        with self.probe.span("pack", bucket.index):
+            bucket.gather_grads(self.gather_scale)
+            if bucket.staging is not None:
+                return bucket.stage_in(self.gather_scale)
         device_like = bucket.flat.device.type != "cpu" or self._stand_ins
         if device_like and self.comm.Get_size() > 1:
             return staging_lib.produced(bucket.flat)    # direct: MPI reads what backward wrote
@@ -164,10 +174,14 @@ class GradSync:
     def _launch(self, bucket: Bucket, ready) -> None:
         """Start the reduction once ``ready`` (:meth:`_queue_input`) has completed; a blocking
         round waits for it here, so blocking collectives start in bucket order everywhere."""
+        if not self.blocking_round:
+            self._guard_handles[bucket.index] = [p.register_hook(guard) for p, guard in
+                                                 zip(bucket.params, self._guards[bucket.index])]
         reduction = self.reduce_bucket(bucket)
         if ready is not None:
             reduction = staging_lib.after(ready, reduction, wait=self.blocking_round)
-        self._pending[bucket.index] = Pending(reduction)
+        self._pending[bucket.index] = (Pending(reduction) if self.probe is NULL_PROBE else
+                                       TimedPending(reduction, self.probe, bucket.index, self.budget_level()))
 
     def _before_accumulate(self, p):
         """Tensor hook of ``p``: runs before autograd adds a new gradient into ``p.grad``."""
@@ -235,16 +249,23 @@ class GradSync:
         flags = []      # host bools, or device flags (device buckets) read once below
         for bucket in self.buckets:
             flags.append(self._pending.pop(bucket.index).wait())
+            self._unguard(bucket.index)
             if scatter:
-                bucket.scatter_grads()
+                with self.probe.span("unpack", bucket.index):
+                    bucket.scatter_grads()
         self._seen.clear()
         self._n_ready = [0] * len(self.buckets)
         return streams.any_flag(flags) if check else False
 
+    def _unguard(self, index: int) -> None:     # bucket ``index`` is no longer in flight
+        for h in self._guard_handles.pop(index, ()):
+            h.remove()
+
     def scatter_means(self) -> None:
         """After ``finish(scatter=False)``: bind each ``p.grad`` to its mean, as ``finish`` would."""
         for bucket in self.buckets:
-            bucket.scatter_grads()
+            with self.probe.span("unpack", bucket.index):
+                bucket.scatter_grads()
 
     def allreduce_grads(self) -> bool:
         """Replace every parameter's gradient by its mean over ranks; returns found_inf."""
@@ -257,6 +278,8 @@ class GradSync:
         for pending in self._pending.values():
             pending.wait()
         self._pending.clear()
+        for index in list(self._guard_handles):
+            self._unguard(index)
         for h in self._hooks:
             h.remove()
         self._hooks = []

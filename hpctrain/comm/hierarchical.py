@@ -43,6 +43,7 @@ from hpctrain.comm.ring import RingBuffers, allreduce_bucket, chunk_bounds
 from hpctrain.comm.strategies import STRATEGIES
 from hpctrain.comm.window import SharedWindow, aligned, layout
 from hpctrain.comm.wire import Wire
+from hpctrain.ops.budget import NULL_PROBE
 
 def nodes_share_memory(topo) -> bool:
     """Do the ranks of every node share memory? Collective, the same answer on every rank."""
@@ -114,10 +115,16 @@ class HierarchicalSync(GradSync):
             return Wire()
         return Wire.sized(self.codec, sl.stop - sl.start, dtype, self.topo.n_nodes, whole=False)
 
-    def _barrier(self, intra: MPI.Comm):
-        """Hand-over point: stores before it are visible to every local rank after it."""
+    def _barrier(self, intra: MPI.Comm, index: int):
+        """Hand-over point: stores before it are visible to every local rank after it (waiting
+        here is bucket ``index``'s ``wait`` in a budget)."""
         self._win.sync()
+        budget = self.probe if self.probe is not NULL_PROBE else None   # no call per barrier otherwise
+        if budget is not None:
+            budget.tag(index, "wait")
         yield [intra.Ibarrier()]
+        if budget is not None:
+            budget.tag(index, None)
         self._win.sync()
 
     def reduce_bucket(self, bucket: Bucket) -> Reduction:
@@ -125,7 +132,7 @@ class HierarchicalSync(GradSync):
         if bucket.n_elems == 0:
             return False
         # Barrier 1: every local rank's gradients are in its input buffer.
-        yield from self._barrier(self._intra[i])
+        yield from self._barrier(self._intra[i], i)
         sl = self._slice[i]
         if sl is not None:
             ins, outs = self._segs[i][bucket.k], self._segs[i][1 - bucket.k]
@@ -135,22 +142,27 @@ class HierarchicalSync(GradSync):
             ring = self._rings[i]
             found: bool | torch.Tensor      # host memory (the window): a host bool in practice
             if ring is None:
-                found = sum_into(srcs, mine, self.gather_scale, copies=others, check=True)
+                with self.probe.span("reduce.node", i):
+                    found = sum_into(srcs, mine, self.gather_scale, copies=others, check=True)
             else:               # level 2, across nodes: fp16 only here, the window stays fp32
-                sum_into(srcs, mine, self.gather_scale)
+                with self.probe.span("reduce.node", i):
+                    sum_into(srcs, mine, self.gather_scale)
                 wire = bucket.wire
                 if wire.buf is not None:
-                    wire.pack([mine])
+                    with self.probe.span("pack", i):
+                        wire.pack([mine])
                     found = yield from allreduce_bucket(ring, self._inter[i], wire.codec, wire.buf, wire.buf)
-                    wire.unpack([mine])
+                    with self.probe.span("unpack", i):
+                        wire.unpack([mine])
                 else:
                     found = yield from allreduce_bucket(ring, self._inter[i], wire.codec, mine, mine)
-                for o in others:
-                    o.copy_(mine)
+                with self.probe.span("reduce.node", i):
+                    for o in others:
+                        o.copy_(mine)
             self._flags[i][t.local_rank] = int(found)
         # Barrier 2: every slice of every output and the flags are final; nobody reads an input
         # after this, so a rank may write its own buffers again (backward) once it is through.
-        yield from self._barrier(self._intra[i])
+        yield from self._barrier(self._intra[i], i)
         return bool(self._flags[i][:self._n_slices].any())
 
     def _methods(self) -> list[str]:

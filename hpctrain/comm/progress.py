@@ -2,7 +2,7 @@
 
 A reduction algorithm is a generator that posts non-blocking MPI operations and ``yield``s the
 list of requests it needs before it can go on; it ``return``s its result (the overflow flag).
-Written this way the *same* code runs blocking (drive with ``Waitall``) and overlapped with
+Written this way the *same* code runs blocking (driven by :func:`wait_all`) and overlapped with
 backward (poll with ``Testall`` from gradient hooks), so both paths do identical arithmetic in
 identical order and give bit-identical results. No progress thread is needed: the hooks fire
 once per parameter during backward, and Open MPI's non-blocking operations advance inside
@@ -14,6 +14,7 @@ blocks; True once complete) and ``wait()``, such as a staged bucket's device-to-
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
@@ -38,11 +39,20 @@ def test_all(reqs) -> bool:
 
 
 def wait_all(reqs) -> None:
-    """``MPI.Request.Waitall`` over ``reqs``, other waitables by their ``wait()``."""
+    """Wait for ``reqs``: other waitables by their ``wait()``; MPI requests by ``Testall`` with
+    the core given up between tests (``sched_yield``), never by ``Waitall``.
+
+    Open MPI's ``Waitall`` spins in its progress loop at full speed unless the job set
+    ``mpi_yield_when_idle`` (it does so by itself only when it knows the node is
+    oversubscribed). A rank that reaches a node barrier first would spin on a core that the
+    other rank's backward, a data-loader worker or a decode thread needs on a fully used node;
+    yielding costs a system call per test where nothing else wants the core."""
     others = [r for r in reqs if not isinstance(r, MPI.Request)]
     for w in others:
         w.wait()
-    MPI.Request.Waitall([r for r in reqs if isinstance(r, MPI.Request)] if others else reqs)
+    mpi_reqs = [r for r in reqs if isinstance(r, MPI.Request)] if others else reqs
+    while not test_all(mpi_reqs):
+        os.sched_yield()
 
 
 class Pending:
@@ -76,6 +86,36 @@ class Pending:
         """Block until complete; returns the generator's result."""
         while not self.done:
             wait_all(self.reqs)
+            self._run()
+        return self.value
+
+
+class TimedPending(Pending):
+    """A :class:`Pending` whose time goes to a budget (:class:`hpctrain.ops.budget.PhaseBudget`):
+    advancing the generator to ``level`` (the reduction's own work), testing for completion to
+    ``"wait"``, blocking to what the generator tagged it is waiting for (``level`` if nothing:
+    a ring's messages are its reduction)."""
+
+    __slots__ = ("probe", "bucket", "level")
+
+    def __init__(self, gen, probe, bucket: int, level: str):
+        self.probe, self.bucket, self.level = probe, bucket, level
+        super().__init__(gen)
+
+    def _run(self) -> None:
+        with self.probe.span(self.level, self.bucket):
+            super()._run()
+
+    def poll(self) -> bool:
+        if self.done:
+            return True
+        with self.probe.span("wait", self.bucket):
+            return super().poll()
+
+    def wait(self) -> Any:
+        while not self.done:
+            with self.probe.span(self.probe.tagged(self.bucket, self.level), self.bucket):
+                wait_all(self.reqs)
             self._run()
         return self.value
 

@@ -2,6 +2,7 @@
 
     mpiexec -n 2 .venv/bin/python -m hpctrain bench step [--models digits_cnn,resnet20,mlp]
             [--configs default,flat,...] [--batch 32] [--steps 8] [--rounds 5] [--json FILE]
+            [--budget-steps 8] [--budget-trace PREFIX]
 
 What users compare: whole steps (forward, backward, gradient sync, SGD-momentum update) on
 synthetic data, per-rank batch ``--batch``. Contenders (``--configs``):
@@ -28,6 +29,10 @@ order that rotates from round to round, so background load on a shared host hits
 alike; a run's time is the slowest rank's. The table shows the median ms/step over rounds and,
 per contender, the median over rounds of the paired ratio DDP time / contender time (> 1: faster
 than DDP), steadier than a ratio of medians.
+
+After the rounds, every hpctrain contender runs ``--budget-steps`` instrumented steps: where the
+step's time goes, phase by phase and bucket by bucket, beside its physical floor
+(:mod:`hpctrain.tools.bench.budget`, :mod:`hpctrain.tools.bench.floor`; CPU runs only).
 """
 from __future__ import annotations
 
@@ -45,6 +50,7 @@ from torch import nn
 from hpctrain.api import bind_device
 from hpctrain.tools.bench.allreduce import init_gloo
 from hpctrain.tools.bench.args import add_round_args, check_round_args
+from hpctrain.tools.bench.budget import format_budget, measure_budget
 from hpctrain.tools.bench.report import run_mpi_bench
 from hpctrain.job.config import CommConfig
 from hpctrain.errors import ConfigError
@@ -105,9 +111,10 @@ class Contender:
     ``describe()`` says what it is (default: its name)."""
 
     def __init__(self, name: str, model: nn.Module, step, close=lambda: None,
-                 describe: Callable[[], str] | None = None):
+                 describe: Callable[[], str] | None = None, trainer=None, optimizer=None):
         self.name, self.model, self.step, self.close = name, model, step, close
         self.describe: Callable[[], str] = describe or (lambda: name)
+        self.trainer, self.optimizer = trainer, optimizer     # hpctrain's: what the budget instruments
 
 
 def sgd(model: nn.Module) -> torch.optim.Optimizer:
@@ -143,11 +150,13 @@ def build(name: str, base: nn.Module, topo: Topology, dist, device=CPU) -> Conte
         return Contender(name, model, plain_step(model, opt, loss_fn))
     options = parse_config(name)
     compiled = options.pop("compile", False)
-    trainer = DistributedTrainer(model, sgd(model), topo, loss_fn=loss_fn, **options)
+    opt = sgd(model)
+    trainer = DistributedTrainer(model, opt, topo, loss_fn=loss_fn, **options)
     if compiled:                           # after the broadcast, in place, as the job does
         compile_model(model, "default", device.type)
     text = getattr(trainer.grad_sync, "describe", lambda: "")()     # as built, before any step
-    return Contender(name, model, trainer.step, trainer.close, describe=(lambda: text) if text else None)
+    return Contender(name, model, trainer.step, trainer.close, describe=(lambda: text) if text else None,
+                     trainer=trainer, optimizer=opt)
 
 
 def settle(device: torch.device) -> None:
@@ -176,6 +185,11 @@ def make_data(model_name: str, batch: int, rank: int, device=CPU) -> tuple[torch
     return x.to(device), y.to(device)
 
 
+def trace_path(prefix: str | None, model_name: str, config: str) -> str | None:
+    """``--budget-trace PREFIX``: one Chrome trace per hpctrain contender, PREFIX-MODEL-CONFIG.json."""
+    return f"{prefix}-{model_name}-{config.replace('+', '_')}.json" if prefix else None
+
+
 def paired_ratios(base: list[float], times: list[float]) -> float:
     """Median over rounds of base_time / time (throughput relative to the baseline)."""
     return statistics.median(b / t for b, t in zip(base, times))
@@ -200,6 +214,10 @@ def measure_model(args, comm, topo, dist, model_name: str, device=CPU) -> list[d
             for k in range(len(contenders)):
                 c = contenders[(k + r) % len(contenders)]
                 times[c.name].append(time_steps(comm, c, data, args.steps, device))
+        budgets = {c.name: measure_budget(comm, c.trainer, c.optimizer, data, args.budget_steps,
+                                          trace_path(args.budget_trace, model_name, c.name))
+                   for c in contenders if c.trainer is not None and args.budget_steps
+                   and device.type == "cpu"}   # after the rounds; host clocks: a GPU's time is not the host's
     base_times = times.get("ddp")
     rows = []
     for c in contenders:
@@ -208,7 +226,8 @@ def measure_model(args, comm, topo, dist, model_name: str, device=CPU) -> list[d
                      "device": str(device),
                      "world_size": comm.Get_size(), "batch_per_rank": args.batch,
                      "step_ms": statistics.median(t) * 1e3, "rounds_ms": [v * 1e3 for v in t],
-                     "x_ddp": paired_ratios(base_times, t) if base_times else None})
+                     "x_ddp": paired_ratios(base_times, t) if base_times else None,
+                     "budget": budgets.get(c.name)})
     return rows
 
 
@@ -237,6 +256,8 @@ def format_table(rows) -> str:
         ratio = f"{r['x_ddp']:6.2f}" if r["x_ddp"] is not None else f"{'-':>6}"
         lines.append(f"{r['model']:<11} {r['n_params'] / 1e6:6.2f}M {r['config']:<22} {r['step_ms']:8.1f} "
                      f"{ratio}  {r['describe'].split(',')[0] if r['config'] == 'default' else ''}")
+    if any(r.get("budget") for r in rows):
+        lines += ["", format_budget(rows)]
     return "\n".join(lines)
 
 
@@ -246,8 +267,16 @@ def parse_args(argv):
                                                       "horovod, default, STRATEGY[+fp16][+overlap][+compile]"))
     p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"),
                    help="where the models train: auto (the rank's GPU when torch sees one, else the CPU)")
-    return check_round_args(p, p.parse_args(argv), INPUTS,
+    p.add_argument("--budget-steps", type=int, default=8, metavar="N",
+                   help="instrumented steps per hpctrain contender after the rounds, for the per-step "
+                        "budget and floor (0: none)")
+    p.add_argument("--budget-trace", metavar="PREFIX",
+                   help="write the budget's spans, every rank, as Chrome traces PREFIX-MODEL-CONFIG.json")
+    args = check_round_args(p, p.parse_args(argv), INPUTS,
                             lambda c: c in ("nocomm", "ddp", "horovod") or parse_config(c))
+    if args.budget_steps < 0:
+        p.error("--budget-steps must be >= 0")
+    return args
 
 
 def header(args, comm, rows) -> str:
