@@ -3,12 +3,9 @@
 Gradients live in the buckets (DDP's ``gradient_as_bucket_view``). Each bucket has two buffers
 that swap roles every round: round t reduces ``bufs[t % 2]`` (the input, ``flat``) into
 ``bufs[(t + 1) % 2]`` (``out``), and ``finish(scatter=True)`` makes every ``p.grad`` a view of
-its slice of ``out``: no copy. A backward after ``zero_grad(set_to_none=False)`` accumulates into
-those views (autograd adds into an existing ``.grad`` in place), which are exactly round t+1's
-input: no copy either, but the zeroing and the in-place add cost two passes over the gradients
-(write G; read 2 G, write G). After ``zero_grad(set_to_none=True)`` autograd hands each fresh
-gradient over as ``.grad`` and :meth:`Bucket.gather_grads` copies it in (read G, write G): the
-cheaper of the two, which SSGD takes (:mod:`hpctrain.update.ssgd`). Because
+its slice of ``out``: no copy. The next backward accumulates into those views (autograd adds
+into an existing ``.grad`` in place), which are exactly round t+1's input, so a step with the
+default ``zero_grad(set_to_none=False)`` moves no gradient byte outside the collective. Because
 the reduction is out of place, a rank's own gradients stay intact in ``flat`` until the next
 round: ``finish(scatter=False)`` leaves ``p.grad`` holding them (the non-finite diagnosis and
 OD-SGD need that), and :meth:`hpctrain.comm.base.GradSync.scatter_means` rebinds afterwards. For

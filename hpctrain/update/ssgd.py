@@ -29,10 +29,7 @@ class SSGD(UpdateAlgorithm):
     def step(self, compute_loss: Callable[[], torch.Tensor]) -> StepResult:
         """One synchronous step; ``compute_loss`` runs the forward pass and returns the loss."""
         step, self.steps = self.steps, self.steps + 1
-        # None, not zeros: autograd then hands each fresh gradient over as p.grad and the bucket
-        # copies it in (reads G, writes G), where zeros and an in-place accumulate would write G
-        # and then read 2 G and write G (hpctrain.comm.buckets)
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=False)
         with self.timer.span("forward"):
             loss = compute_loss()
         with self.timer.span("backward"):
