@@ -8,10 +8,10 @@ import argparse
 import os
 import sys
 
-from .readers import SOURCES
-from .sources import (MAX_CLASSES, MAX_SAMPLE_BYTES, STORE_DTYPES, SourceError, cast_source,
-                                check_sample_bytes)
 from hpctrain.data.index import BLOCK_BYTES, BLOCK_DIGEST, BLOCK_DIGESTS, ShardError
+
+from .readers import SOURCES
+from .sources import MAX_CLASSES, MAX_SAMPLE_BYTES, STORE_DTYPES, SourceError, cast_source, check_sample_bytes
 
 
 class _SourceNames(tuple):

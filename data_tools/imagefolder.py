@@ -27,8 +27,9 @@ import stat
 
 import numpy as np
 
-from .sources import Chunk, Source, SourceError, SplitSource, held_out_count, source
 from hpctrain.data import images
+
+from .sources import Chunk, Source, SourceError, SplitSource, held_out_count, source
 
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".webp")
 

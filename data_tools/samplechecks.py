@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from hpctrain.data.indexfields import MAX_CLASSES, MAX_SAMPLE_BYTES   # the limits the index is read with
+from hpctrain.data.indexfields import MAX_CLASSES, MAX_SAMPLE_BYTES  # the limits the index is read with
 from hpctrain.errors import UserError
 
 _SCAN_BYTES = 32 << 20           # samples checked for NaN/inf per step (bounds the temporary mask)

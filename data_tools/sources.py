@@ -19,16 +19,24 @@ import math
 import os
 import zipfile
 import zlib
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import numpy as np
 
 from hpctrain.config.registries import Registry
 
-from .samplechecks import (MAX_CLASSES, MAX_SAMPLE_BYTES, SourceError, check_sample_bytes, check_samples,
-                           count_classes, held_out_count, train_test_split)
+from .samplechecks import (
+    MAX_CLASSES,
+    MAX_SAMPLE_BYTES,
+    SourceError,
+    check_sample_bytes,
+    check_samples,
+    count_classes,
+    held_out_count,
+    train_test_split,
+)
 
 __all__ = ["MAX_CLASSES", "MAX_SAMPLE_BYTES", "SOURCES", "STORE_DTYPES", "Chunk", "Source", "SourceError",
            "SplitSource", "cast_source", "check_sample_bytes", "check_samples", "count_classes", "from_arrays",

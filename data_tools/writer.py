@@ -20,12 +20,13 @@ from typing import cast
 
 import numpy as np
 
-from .sources import Source, SourceError, check_sample_bytes, from_arrays
-from hpctrain.data.plan import shard_range
 from hpctrain.data.index import BLOCK_BYTES, BLOCK_DIGEST, INDEX, file_sha256, shard_name, write_index
+from hpctrain.data.plan import shard_range
 from hpctrain.data.shardwriter import ShardWriter, shard_digests, shard_grid
 from hpctrain.errors import UserError
 from hpctrain.ops.fileio import atomic_write_text
+
+from .sources import Source, SourceError, check_sample_bytes, from_arrays
 
 CHUNK_BYTES = 32 << 20          # samples read and written per step (bounds memory per rank)
 RECORDS = ".convert"

@@ -14,10 +14,10 @@ from collections.abc import Iterator
 import torch
 from mpi4py import MPI
 
-from hpctrain.ops import gpu_bind
 from hpctrain.comm.collectives import allreduce_sum, broadcast_module
 from hpctrain.data import ShardLoader, ShardSet, eval_batches, read_index
 from hpctrain.errors import ConfigError
+from hpctrain.ops import gpu_bind
 from hpctrain.ops.abort import install_abort_hook
 from hpctrain.topology import Topology
 

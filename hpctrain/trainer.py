@@ -23,7 +23,6 @@ from torch import nn
 from hpctrain import comm as comm_lib
 from hpctrain import update as update_lib
 from hpctrain.comm.threads import overlap_unsupported
-
 from hpctrain.models.ghostbn import averaged_buffers
 from hpctrain.ops.metrics import NULL_TIMER, StepTimer, Timer
 from hpctrain.optim import set_lr

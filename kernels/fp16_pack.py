@@ -12,8 +12,8 @@ import numpy as np
 import torch
 
 from . import _runtime
-from ._runtime import Array
 from ._prelude import PRELUDE
+from ._runtime import Array
 from ._segments import segments
 
 KERNEL_NAME = "hpc_pack_fp16"

@@ -9,8 +9,8 @@ import numpy as np
 import torch
 
 from . import _runtime
-from ._runtime import Array
 from ._prelude import PRELUDE
+from ._runtime import Array
 
 KERNEL_NAME = "hpc_sq_norms"
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 
 import numpy as np
-
 from hpctrain.data_tools.sources import SourceError, check_samples, count_classes, from_arrays, source, train_test_split
 
 

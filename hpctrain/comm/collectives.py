@@ -6,7 +6,6 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-
 BCAST_CHUNK_BYTES = 64 * 2**20
 """Tensors are broadcast packed into one byte buffer per device, up to this many bytes per
 ``Bcast`` (a larger tensor travels alone), so the copy costs at most this much extra memory."""

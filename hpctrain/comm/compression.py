@@ -37,7 +37,6 @@ from hpctrain.comm.ring import SMALL_BYTES
 from hpctrain.config.registries import Registry
 
 
-
 @runtime_checkable
 class Codec(Protocol):
     """The wire format contract: what the ring (:mod:`hpctrain.comm.ring`), the wire

@@ -148,7 +148,7 @@ class _OnlyGpuQuery:
 def _library_answer() -> tuple[bool, str]:
     # Through mpi4py's own extension module: dlsym on its handle searches the MPI library it
     # links. The global namespace is not enough: Open MPI is loaded RTLD_GLOBAL, MPICH is not.
-    from mpi4py import MPI   # initialises MPI: the query must follow MPI_Init
+    from mpi4py import MPI  # initialises MPI: the query must follow MPI_Init
     return query_library(ctypes.CDLL(MPI.__file__))
 
 

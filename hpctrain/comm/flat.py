@@ -12,10 +12,10 @@ starts the same buckets in the same order there, so blocking cannot deadlock
 gradients in ``bucket.flat`` stay. Use it on one node without shared memory between ranks, or
 where the network is uniform. Compare ChainerMN's ``flat_communicator.py``.
 """
+from hpctrain.comm import tuner
 from hpctrain.comm.base import GradSync
 from hpctrain.comm.buckets import Bucket
 from hpctrain.comm.progress import Reduction
-from hpctrain.comm import tuner
 from hpctrain.comm.ring import RingBuffers, allreduce_bucket
 from hpctrain.comm.strategies import STRATEGIES
 

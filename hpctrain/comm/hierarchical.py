@@ -34,16 +34,17 @@ from __future__ import annotations
 import torch
 from mpi4py import MPI
 
+from hpctrain.comm import tuner
 from hpctrain.comm.base import GradSync
 from hpctrain.comm.buckets import Bucket
 from hpctrain.comm.fused import sum_into
 from hpctrain.comm.progress import Reduction
-from hpctrain.comm import tuner
 from hpctrain.comm.ring import RingBuffers, allreduce_bucket, chunk_bounds
 from hpctrain.comm.strategies import STRATEGIES
 from hpctrain.comm.window import SharedWindow, aligned, layout
 from hpctrain.comm.wire import Wire
 from hpctrain.ops.budget import NULL_PROBE
+
 
 def nodes_share_memory(topo) -> bool:
     """Do the ranks of every node share memory? Collective, the same answer on every rank."""

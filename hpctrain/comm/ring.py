@@ -41,9 +41,9 @@ import torch
 from mpi4py import MPI
 
 from hpctrain.comm import cuda_mpi, streams
-from hpctrain.comm.staging import DONE, Ready
 from hpctrain.comm.fused import scale_and_check
 from hpctrain.comm.progress import Reduction
+from hpctrain.comm.staging import DONE, Ready
 
 SMALL_BYTES = 64 * 1024
 MPI_MAX_BYTES = 4 * 2**20

@@ -39,7 +39,6 @@ calls themselves; those run in the GPU suite (``make test-gpu``, docs/gpus.md).
 """
 from __future__ import annotations
 
-
 import torch
 
 from hpctrain.comm import cuda_mpi, streams

@@ -10,8 +10,21 @@ built in code. :mod:`~hpctrain.config.registries`: :class:`Registry`, the one pl
 ``optim``) import these; the schema that names every section and registry is assembled on top of
 them, next to the job that runs it (:mod:`hpctrain.job.config`), so imports run one way.
 """
-from hpctrain.config.values import (FRACTION, INF, LOSS_SCALE, LR, NON_NEGATIVE, POSITIVE, Option, Range, coerce,
-                                    field_problem, is_plugin_spec, opt, registry)
+from hpctrain.config.values import (
+    FRACTION,
+    INF,
+    LOSS_SCALE,
+    LR,
+    NON_NEGATIVE,
+    POSITIVE,
+    Option,
+    Range,
+    coerce,
+    field_problem,
+    is_plugin_spec,
+    opt,
+    registry,
+)
 from hpctrain.errors import ConfigError
 
 __all__ = ["ConfigError", "Range", "Option", "INF", "POSITIVE", "NON_NEGATIVE", "FRACTION", "LR", "LOSS_SCALE",

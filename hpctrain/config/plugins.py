@@ -17,8 +17,8 @@ import functools
 import inspect
 import typing
 from collections.abc import Iterator, Mapping
-from typing import Any
 from dataclasses import dataclass, field
+from typing import Any
 
 from hpctrain.config.values import Option, coerce, field_problem
 from hpctrain.errors import ConfigError

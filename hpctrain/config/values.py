@@ -13,8 +13,8 @@ import math
 import os
 import re
 from collections.abc import Mapping
-from typing import Any
 from dataclasses import dataclass, field
+from typing import Any
 
 from hpctrain.errors import ConfigError
 

@@ -4,9 +4,9 @@
 by name.
 """
 from hpctrain.data.augment import Augment, BatchPrep, Normalize
+from hpctrain.data.evalbatches import eval_batches, eval_prep
 from hpctrain.data.factory import open_split, train_loader
 from hpctrain.data.index import ShardError, ShardIndex, read_index
-from hpctrain.data.evalbatches import eval_batches, eval_prep
 from hpctrain.data.loader import LoaderStats, ShardLoader
 from hpctrain.data.plan import block_range, rank_runs, steps_per_epoch
 from hpctrain.data.shards import ShardSet

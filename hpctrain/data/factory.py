@@ -14,10 +14,10 @@ from hpctrain.data import gpudecode
 from hpctrain.data.augment import KINDS, Augment
 from hpctrain.data.decodepool import affinity, resolve_workers
 from hpctrain.data.hdf5 import DRIVERS
+from hpctrain.data.index import ShardError, ShardIndex
 from hpctrain.data.loader import ShardLoader
 from hpctrain.data.memory import check_loader_memory
 from hpctrain.data.plan import lane_problem
-from hpctrain.data.index import ShardError, ShardIndex
 from hpctrain.data.shards import ShardSet
 from hpctrain.errors import ConfigError
 

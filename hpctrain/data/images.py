@@ -9,7 +9,6 @@ Whole-image shards are cut at decode time instead (:mod:`decoders`, :mod:`crops`
 from __future__ import annotations
 
 import io
-
 from types import ModuleType
 from typing import Any
 

@@ -51,9 +51,20 @@ import json
 import os
 from dataclasses import dataclass
 
-from hpctrain.data.digestblocks import (BLOCK_BYTES, BLOCK_DIGEST, BLOCK_DIGESTS, DIGEST_LABELS, ONE_SHOT, BlockGrid,
-                                        aligned_grid, block_digest_name, block_hasher, data_block_ranges,
-                                        file_digests, file_sha256)
+from hpctrain.data.digestblocks import (
+    BLOCK_BYTES,
+    BLOCK_DIGEST,
+    BLOCK_DIGESTS,
+    DIGEST_LABELS,
+    ONE_SHOT,
+    BlockGrid,
+    aligned_grid,
+    block_digest_name,
+    block_hasher,
+    data_block_ranges,
+    file_digests,
+    file_sha256,
+)
 from hpctrain.data.indexfields import field_problems
 from hpctrain.errors import LocalUserError
 from hpctrain.ops.fileio import atomic_write_text

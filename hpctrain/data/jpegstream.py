@@ -19,7 +19,7 @@ from collections import deque
 import numpy as np
 
 from hpctrain.data import gpudecode, images
-from hpctrain.data.decodepool import CropDecoder, DecodePool, SampleError, UNDECODABLE
+from hpctrain.data.decodepool import UNDECODABLE, CropDecoder, DecodePool, SampleError
 from hpctrain.data.index import ShardError
 
 LOOKAHEAD = 1           # batches in flight beyond the one being awaited

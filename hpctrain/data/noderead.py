@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 import threading
 import time
-
 from collections.abc import Iterator
 
 import numpy as np

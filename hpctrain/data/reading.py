@@ -52,7 +52,7 @@ class NodeReading:
     workers_normalize = False  # the window's slots hold samples of the stored dtype
 
     def __init__(self, loader, node_comm, slots: int):
-        from hpctrain.data.noderead import NodeReader   # imports mpi4py, which initialises MPI
+        from hpctrain.data.noderead import NodeReader  # imports mpi4py, which initialises MPI
         self.reader: NodeReader | None = NodeReader(loader, node_comm, slots=slots)
 
     def _open(self) -> NodeReader:

@@ -8,8 +8,18 @@ import os
 import h5py
 import numpy as np
 
-from hpctrain.data.index import (BLOCK_BYTES, BLOCK_DIGEST, FORMAT, VERSION, BlockGrid, ShardError, aligned_grid,
-                                 data_block_ranges, file_digests, shard_name)
+from hpctrain.data.index import (
+    BLOCK_BYTES,
+    BLOCK_DIGEST,
+    FORMAT,
+    VERSION,
+    BlockGrid,
+    ShardError,
+    aligned_grid,
+    data_block_ranges,
+    file_digests,
+    shard_name,
+)
 from hpctrain.ops.fileio import commit, discard, temp_path
 
 

@@ -14,9 +14,17 @@ and runs under ``mpiexec``, ``mpiexec.mpich`` or ``srun`` without MASTER_ADDR/MA
 (:mod:`.hook`). docs/ddp.md has the details.
 """
 from hpctrain.ddp.hook import HookState, HookStateError, allreduce_hook, register
-from hpctrain.ddp.process_group import (RendezvousError, default_backend, destroy_process_group,
-                                        init_process_group, local_rank, local_size, rank, size,
-                                        topology)
+from hpctrain.ddp.process_group import (
+    RendezvousError,
+    default_backend,
+    destroy_process_group,
+    init_process_group,
+    local_rank,
+    local_size,
+    rank,
+    size,
+    topology,
+)
 
 __all__ = ["init_process_group", "destroy_process_group", "rank", "size", "local_rank", "local_size",
            "topology", "default_backend", "HookState", "allreduce_hook", "register",

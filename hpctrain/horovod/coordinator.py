@@ -34,8 +34,8 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import NamedTuple
 from collections.abc import Callable
+from typing import NamedTuple
 
 from mpi4py import MPI
 

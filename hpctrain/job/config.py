@@ -36,9 +36,21 @@ from hpctrain.config.plugins import help_lines, set_option, table_problems
 from hpctrain.config.values import coerce, field_problem, registry
 from hpctrain.data.plan import lane_problem
 from hpctrain.errors import ConfigError
-from hpctrain.job.schema import (CheckpointConfig, CommConfig, Config, DataConfig, ModelConfig, OptimConfig,
-                                 PolishConfig, PrecisionConfig, ReportConfig, RunConfig, TrainConfig, UpdateConfig,
-                                 sections)
+from hpctrain.job.schema import (
+    CheckpointConfig,
+    CommConfig,
+    Config,
+    DataConfig,
+    ModelConfig,
+    OptimConfig,
+    PolishConfig,
+    PrecisionConfig,
+    ReportConfig,
+    RunConfig,
+    TrainConfig,
+    UpdateConfig,
+    sections,
+)
 from hpctrain.models.ghostbn import group_problem
 from hpctrain.ops.tensorboard import tensorboard_missing
 from hpctrain.optim.recipe import row_problem

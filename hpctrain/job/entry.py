@@ -31,8 +31,8 @@ def train_main(argv: list[str]) -> int:
     gpu_bind.early_bind(early["train.device"] if early else None)    # before MPI_Init: a CUDA-aware MPI's context
     from mpi4py import MPI
 
-    from hpctrain.job.config import ConfigError, validate
     from hpctrain.errors import TrainingCollapsed, UserError
+    from hpctrain.job.config import ConfigError, validate
     from hpctrain.ops.abort import install_abort_hook
     from hpctrain.ops.agree import agree
     from hpctrain.ops.signals import Stopped

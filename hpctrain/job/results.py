@@ -10,14 +10,14 @@ import torch
 from mpi4py import MPI
 
 from hpctrain import comm as comm_lib
-from hpctrain.job.batches import device_batches
 from hpctrain.data import eval_batches, eval_prep
 from hpctrain.data.plan import block_range
+from hpctrain.job.batches import device_batches
 from hpctrain.job.state import Job, Progress
-from hpctrain.ops.finite import NO_SAMPLE, check_result
-from hpctrain.ops.metrics import MetricsLog, gpu_time
 from hpctrain.models.polish import recompute_bn_stats
 from hpctrain.models.scores import Scores, has_top_k
+from hpctrain.ops.finite import NO_SAMPLE, check_result
+from hpctrain.ops.metrics import MetricsLog, gpu_time
 
 
 def evaluate(job: Job, batch_size: int = 256) -> dict:

@@ -24,7 +24,7 @@ from hpctrain.ops import tensorboard
 from hpctrain.ops.checkpoint import resume_spec
 from hpctrain.ops.metrics import MetricsLog
 from hpctrain.ops.rundir import RunDirectory
-from hpctrain.ops.signals import StopSignal, Stopped
+from hpctrain.ops.signals import Stopped, StopSignal
 from hpctrain.ops.watchdog import busy, start_watchdog
 from hpctrain.saved.spec import SPEC_NAME, run_spec, write_spec
 from hpctrain.saved.weights import keep_polished

@@ -18,14 +18,14 @@ import torch
 from mpi4py import MPI
 
 from hpctrain import kernels
-from hpctrain.job import gpu_settings
 from hpctrain.api import bind_device
 from hpctrain.comm.threads import overlap_unsupported
 from hpctrain.config.plugins import plugin_options
 from hpctrain.data import ShardLoader, eval_batches, open_split, read_index, train_loader
+from hpctrain.data.memory import LoaderTooLarge
 from hpctrain.data_tools.builtin import resolve_dataset
 from hpctrain.errors import ConfigError, UserError, config_errors
-from hpctrain.data.memory import LoaderTooLarge
+from hpctrain.job import gpu_settings
 from hpctrain.job.agreed import agreed, on_agreed_exit
 from hpctrain.job.config import Config
 from hpctrain.job.observers import Observer
@@ -44,17 +44,16 @@ from hpctrain.job.observers.watchdog import WatchdogFeed
 from hpctrain.job.state import Job, RunOptions
 from hpctrain.models import BUILTIN, ModelError, build_model, check_model_output
 from hpctrain.models.compiled import compile_model
-
 from hpctrain.models.ghostbn import use_bn_groups
 from hpctrain.ops.agree import check_consistency, software_versions
 from hpctrain.ops.checkpoint import Checkpointer
 from hpctrain.ops.metrics import MetricsLog, StepTimer, Timer, clock_for
+from hpctrain.ops.testhooks import device_batches_forced
+from hpctrain.ops.watchdog import Watchdog
 from hpctrain.optim import make_criterion, make_optimizer
 from hpctrain.optim.loss_scale import LossScaler
 from hpctrain.optim.recipe import apply_recipe
 from hpctrain.optim.schedules import ScheduleSpec, describe_lr, spec_from_config
-from hpctrain.ops.testhooks import device_batches_forced
-from hpctrain.ops.watchdog import Watchdog
 from hpctrain.topology import Topology
 from hpctrain.trainer import DistributedTrainer, compute_unsupported
 

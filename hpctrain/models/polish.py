@@ -26,8 +26,8 @@ setting, chosen by the job (hpctrain/job/).
 """
 from __future__ import annotations
 
-from typing import Any
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 import torch

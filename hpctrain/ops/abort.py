@@ -14,8 +14,8 @@ import contextlib
 import os
 import signal
 import sys
-import time
 import threading
+import time
 import traceback
 
 from mpi4py import MPI

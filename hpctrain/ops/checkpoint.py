@@ -29,12 +29,27 @@ import torch
 from mpi4py import MPI
 
 from hpctrain.models.ghostbn import rank_dependent_norm
-
 from hpctrain.ops.agree import first_difference, model_signature
-from hpctrain.ops.ckptdir import (checkpoint_name, corrupt_files, list_checkpoints, newest_work, newest_valid,
-                                  of_run, prune)
-from hpctrain.ops.ckptfile import (FORMAT_VERSION, MAGIC, CheckpointError, decode, encode, load, read_file,
-                                   read_header, write_file)
+from hpctrain.ops.ckptdir import (
+    checkpoint_name,
+    corrupt_files,
+    list_checkpoints,
+    newest_valid,
+    newest_work,
+    of_run,
+    prune,
+)
+from hpctrain.ops.ckptfile import (
+    FORMAT_VERSION,
+    MAGIC,
+    CheckpointError,
+    decode,
+    encode,
+    load,
+    read_file,
+    read_header,
+    write_file,
+)
 from hpctrain.ops.metrics import NULL_TIMER, Timer
 
 __all__ = ["BCAST_CHUNK_BYTES", "CheckpointError", "Checkpointer", "FORMAT_VERSION", "MAGIC", "Position",

@@ -14,8 +14,17 @@ import os
 import sys
 
 from hpctrain.ops.reportplots import plot
-from hpctrain.ops.runfigures import (PHASE_ORDER, ReportError, Run, data_wait, epoch_samples_per_s, figures,
-                                     load_run, phase_breakdown, scaling)
+from hpctrain.ops.runfigures import (
+    PHASE_ORDER,
+    ReportError,
+    Run,
+    data_wait,
+    epoch_samples_per_s,
+    figures,
+    load_run,
+    phase_breakdown,
+    scaling,
+)
 
 __all__ = ["PHASE_ORDER", "ReportError", "Run", "data_wait", "epoch_samples_per_s", "figures", "format_report",
            "load_run", "main", "phase_breakdown", "plot", "scaling"]

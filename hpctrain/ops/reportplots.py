@@ -10,6 +10,7 @@ import os
 from hpctrain.ops.fileio import atomic_open, why
 from hpctrain.ops.runfigures import PHASE_ORDER, ReportError, Run, epoch_samples_per_s, phase_breakdown
 
+
 def _series(run: Run, key: str):
     pts = [(e["epoch"] + 1, e[key]) for e in run.epochs if e.get(key) is not None]
     return [p[0] for p in pts], [p[1] for p in pts]

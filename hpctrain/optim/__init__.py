@@ -24,15 +24,21 @@ import inspect
 
 import torch
 
+from .lamb import LAMB
+from .lars import LARS, resolve_norms_fn, trust_ratio
+from .loss_scale import LossScaler, grads_have_inf, next_scale, unscale_and_check_
+from .registry import OPTIMIZERS
+from .schedules import (
+    ScheduleSpec,
+    linear_scaled_lr,
+    lr_at,
+    mlperf_lars_base_lr,
+    mlperf_lars_warmup_epochs,
+    spec_from_config,
+)
 
 # the built-in optimisers, registered in this order: the order errors and --help list them in
 from .sgd import split_1d
-from .lars import LARS, resolve_norms_fn, trust_ratio
-from .lamb import LAMB
-from .loss_scale import LossScaler, grads_have_inf, next_scale, unscale_and_check_
-from .registry import OPTIMIZERS
-from .schedules import (ScheduleSpec, linear_scaled_lr, lr_at, mlperf_lars_base_lr,
-                        mlperf_lars_warmup_epochs, spec_from_config)
 
 __all__ = ["LARS", "LAMB", "trust_ratio", "resolve_norms_fn", "LossScaler", "next_scale",
            "grads_have_inf", "unscale_and_check_", "ScheduleSpec", "lr_at",

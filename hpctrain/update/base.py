@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from dataclasses import dataclass
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import torch
 
-from hpctrain.ops.metrics import NULL_TIMER, Timer
 from hpctrain.config.registries import Registry
+from hpctrain.ops.metrics import NULL_TIMER, Timer
 from hpctrain.update.guard import NonFiniteGuard, flag_needed, grad_sync_comm
 
 # ``update.algorithm``: each algorithm's module registers its class (ssgd first: the default).

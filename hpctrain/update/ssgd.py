@@ -17,6 +17,7 @@ import torch
 
 from hpctrain.optim.loss_scale import all_finite
 from hpctrain.update.base import ALGORITHMS, StepResult, UpdateAlgorithm, unscale_grads_
+
 # re-exported: where they were defined before hpctrain.update.guard / hpctrain.update.base
 from hpctrain.update.guard import MAX_WIRE_SKIPS, NonFiniteError, NonFiniteGuard, agreed_overflow, grad_sync_comm
 

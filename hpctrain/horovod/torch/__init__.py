@@ -14,23 +14,73 @@ torch (the agreement, process sets, handles, timeline, exceptions) is in :mod:`h
 from __future__ import annotations
 
 from hpctrain.horovod.errors import HorovodInternalError, HostsUpdatedInterrupt, unsupported
-from hpctrain.horovod.process_sets import (
-    ProcessSet, add_process_set, global_process_set, remove_process_set)
+from hpctrain.horovod.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from hpctrain.horovod.torch.basics import (
-    barrier, ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled,
-    init, is_homogeneous, is_initialized, join, local_rank, local_size, mpi_built, mpi_enabled,
-    mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size, start_timeline,
-    stop_timeline)
+    barrier,
+    ccl_built,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    init,
+    is_homogeneous,
+    is_initialized,
+    join,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    rocm_built,
+    shutdown,
+    size,
+    start_timeline,
+    stop_timeline,
+)
 from hpctrain.horovod.torch.functions import (
-    allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters)
+    allgather_object,
+    broadcast_object,
+    broadcast_optimizer_state,
+    broadcast_parameters,
+)
 from hpctrain.horovod.torch.grouped_ops import (
-    grouped_allgather, grouped_allgather_async, grouped_allreduce, grouped_allreduce_,
-    grouped_allreduce_async, grouped_allreduce_async_, grouped_reducescatter,
-    grouped_reducescatter_async)
+    grouped_allgather,
+    grouped_allgather_async,
+    grouped_allreduce,
+    grouped_allreduce_,
+    grouped_allreduce_async,
+    grouped_allreduce_async_,
+    grouped_reducescatter,
+    grouped_reducescatter_async,
+)
 from hpctrain.horovod.torch.mpi_ops import (
-    Adasum, Average, Max, Min, Product, Sum, allgather, allgather_async, allreduce, allreduce_,
-    allreduce_async, allreduce_async_, alltoall, alltoall_async, broadcast, broadcast_,
-    broadcast_async, broadcast_async_, poll, reducescatter, reducescatter_async, synchronize)
+    Adasum,
+    Average,
+    Max,
+    Min,
+    Product,
+    Sum,
+    allgather,
+    allgather_async,
+    allreduce,
+    allreduce_,
+    allreduce_async,
+    allreduce_async_,
+    alltoall,
+    alltoall_async,
+    broadcast,
+    broadcast_,
+    broadcast_async,
+    broadcast_async_,
+    poll,
+    reducescatter,
+    reducescatter_async,
+    synchronize,
+)
 from hpctrain.horovod.torch.optimizer import Compression, Compressor, DistributedOptimizer
 from hpctrain.horovod.torch.sync_batch_norm import SyncBatchNorm
 

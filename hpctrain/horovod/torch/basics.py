@@ -28,7 +28,14 @@ from hpctrain.horovod import timeline as T
 from hpctrain.horovod.coordinator import Coordinator, Sig
 from hpctrain.horovod.handles import drain
 from hpctrain.horovod.process_sets import (
-    State, add_process_set, global_process_set, is_initialized, resolve, set_state, state)
+    State,
+    add_process_set,
+    global_process_set,
+    is_initialized,
+    resolve,
+    set_state,
+    state,
+)
 from hpctrain.horovod.torch import collectives as C
 from hpctrain.ops.abort import install_abort_hook
 from hpctrain.topology import Topology, emulated_ranks_per_node

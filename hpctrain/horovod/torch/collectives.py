@@ -23,7 +23,6 @@ from mpi4py import MPI
 from hpctrain.horovod.errors import unsupported
 from hpctrain.horovod.handles import InFlight
 
-
 Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5     # Horovod's ReduceOp values
 OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max", Product: "Product"}
 MPI_OPS = {Average: MPI.SUM, Sum: MPI.SUM, Min: MPI.MIN, Max: MPI.MAX, Product: MPI.PROD}

@@ -13,8 +13,7 @@ from hpctrain.horovod.handles import synchronize
 from hpctrain.horovod.process_sets import global_process_set, resolve
 from hpctrain.horovod.torch import collectives as C
 from hpctrain.horovod.torch.collectives import op_of
-from hpctrain.horovod.torch.mpi_ops import (
-    Average, agree_on, post, reducescatter_grad_factor, reducescatter_problem)
+from hpctrain.horovod.torch.mpi_ops import Average, agree_on, post, reducescatter_grad_factor, reducescatter_problem
 from hpctrain.horovod.torch.optimizer import Compression
 
 

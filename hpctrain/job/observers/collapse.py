@@ -9,9 +9,15 @@ import sys
 from hpctrain.errors import TrainingCollapsed
 from hpctrain.job.observers import Observer
 from hpctrain.job.state import Job, Progress
-from hpctrain.ops.collapse import CollapseRule, CollapseWatch, chance_loss, ended_at_chance, explain_never_learned
+from hpctrain.ops.collapse import (
+    CollapseRule,
+    CollapseWatch,
+    chance_loss,
+    ended_at_chance,
+    explain_never_learned,
+    learned_before,
+)
 from hpctrain.ops.collapse import explain as explain_collapse
-from hpctrain.ops.collapse import learned_before
 from hpctrain.ops.metrics import MetricsLog, read_records
 from hpctrain.optim.schedules import lr_at
 

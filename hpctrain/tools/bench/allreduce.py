@@ -31,9 +31,9 @@ import torch
 from mpi4py import MPI
 
 from hpctrain import comm as comm_lib
-from hpctrain.tools.bench.report import run_mpi_bench
 from hpctrain.comm.fused import scale_and_check
 from hpctrain.comm.progress import run
+from hpctrain.tools.bench.report import run_mpi_bench
 from hpctrain.topology import Topology
 
 DEFAULT_SIZES = "4K,64K,1M,4M,16M,64M,256M"

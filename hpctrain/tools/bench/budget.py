@@ -20,8 +20,8 @@ from mpi4py import MPI
 
 from hpctrain.ops.budget import NO_BUCKET, OTHER, PhaseBudget
 from hpctrain.ops.timeline import Timeline, merge_and_write
-from hpctrain.update.guard import NonFiniteGuard
 from hpctrain.tools.bench.floor import floor_of
+from hpctrain.update.guard import NonFiniteGuard
 
 # Columns in the order a step runs them; the categories: compute (forward, backward),
 # pack, reduction (node, inter-node), waiting, unpack, update algorithm, optimiser.

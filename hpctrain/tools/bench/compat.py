@@ -82,6 +82,7 @@ def horovod_step(hvd, model, data, target, fp16: bool):
 
 def trainer_step(model, data, target, fp16: bool, topo):
     import torch
+
     from hpctrain.trainer import DistributedTrainer
     trainer = DistributedTrainer(model, torch.optim.SGD(model.parameters(), lr=0.01), topo,
                                  strategy="auto", compression="fp16" if fp16 else "none",

@@ -25,9 +25,9 @@ import torch
 from torch import nn
 
 import hpctrain.ddp
-from hpctrain.tools.bench.report import run_mpi_bench
 from hpctrain.tools.bench import step as bench_step
 from hpctrain.tools.bench.args import add_round_args, check_round_args
+from hpctrain.tools.bench.report import run_mpi_bench
 from hpctrain.tools.bench.step import INPUTS, Contender, make_model, paired_ratios, plain_step, sgd, time_steps
 from hpctrain.topology import Topology
 

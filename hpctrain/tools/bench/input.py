@@ -83,9 +83,9 @@ def _epochs(make_iter):
 
 def contenders(args, shard_dir: str, blobs: list) -> dict:
     """name -> a function measuring one round: ``() -> (img/s, cpu/wall)``."""
-    from hpctrain.tools.bench import input_baseline as base
     from hpctrain.data import ShardLoader, ShardSet, read_index
     from hpctrain.data.augment import Augment
+    from hpctrain.tools.bench import input_baseline as base
 
     labels = np.arange(len(blobs)) % 10
     out: dict = {}

@@ -38,11 +38,11 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from hpctrain.data import ShardLoader, ShardSet, read_index
+from hpctrain.data.noderead import NodeReader
 from hpctrain.tools.bench.io_data import drop_cache, ensure, n_samples, with_sha256_blocks
 from hpctrain.tools.bench.io_job import data_wait_share
 from hpctrain.tools.bench.io_report import CHECK, FIRST, FIRST_SHA, LOADER, WHOLE, medians, table
-from hpctrain.data import ShardLoader, ShardSet, read_index
-from hpctrain.data.noderead import NodeReader
 from hpctrain.topology import Topology
 
 SHAPE = (3, 224, 224)

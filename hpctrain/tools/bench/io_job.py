@@ -14,6 +14,7 @@ from mpi4py import MPI
 def data_wait_share(comm, topo, steps: int, driver: str | None = None) -> dict:
     """Train the default job's model (digits CNN, global batch 64) and time the loader waits."""
     import torch
+
     from hpctrain.models import build_model
     torch.set_num_threads(1)
     from hpctrain.data import train_loader

@@ -48,14 +48,14 @@ from mpi4py import MPI
 from torch import nn
 
 from hpctrain.api import bind_device
+from hpctrain.errors import ConfigError
+from hpctrain.job.config import CommConfig
+from hpctrain.models import build_model
+from hpctrain.models.compiled import compile_model
 from hpctrain.tools.bench.allreduce import init_gloo
 from hpctrain.tools.bench.args import add_round_args, check_round_args
 from hpctrain.tools.bench.budget import format_budget, measure_budget
 from hpctrain.tools.bench.report import run_mpi_bench
-from hpctrain.job.config import CommConfig
-from hpctrain.errors import ConfigError
-from hpctrain.models import build_model
-from hpctrain.models.compiled import compile_model
 from hpctrain.topology import Topology
 from hpctrain.trainer import DistributedTrainer
 

@@ -93,7 +93,7 @@ def main(argv: list[str]) -> int:
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
     if args.study == "held-out":
-        from hpctrain.tools.bench import held_out     # its own dependencies load only when it runs
+        from hpctrain.tools.bench import held_out  # its own dependencies load only when it runs
         args.batch, args.epochs = args.batch or 64, args.epochs or 90
         return held_out.main(args, comm)
     args.batch, args.epochs = args.batch or 16, args.epochs or 30

@@ -26,9 +26,9 @@ import time
 import torch
 from mpi4py import MPI
 
-from hpctrain.tools.bench.report import run_mpi_bench
 from hpctrain.models import build_model
 from hpctrain.ops.metrics import StepTimer
+from hpctrain.tools.bench.report import run_mpi_bench
 from hpctrain.topology import Topology
 from hpctrain.trainer import DistributedTrainer
 

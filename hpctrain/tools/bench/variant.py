@@ -22,7 +22,7 @@ def with_values(base: Config, values: dict) -> Config:
 def run_variant(base: Config, name: str, overrides: dict, out_dir: str, comm) -> dict:
     """Train ``base`` with ``overrides`` in ``out_dir``/<the variant's short name>; its summary and
     test-accuracy curve (read back from the run's metrics on rank 0)."""
-    from hpctrain.job import run           # the training job is loaded only when a study trains
+    from hpctrain.job import run  # the training job is loaded only when a study trains
     run_dir = os.path.join(out_dir, name.split(")")[0].strip("(").replace(" ", "_") or name)
     cfg = with_values(base, {**overrides, "run.run_dir": run_dir, "run.progress": False, "train.eval_every": 1})
     summary = run(cfg, comm)

@@ -19,8 +19,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from hpctrain.tools.cluster.spec import ClusterSpec, agent_script, bridge_commands, node_commands
 from hpctrain.ops.testhooks import CLUSTER_INJECT_FAULT, cluster_fault
+from hpctrain.tools.cluster.spec import ClusterSpec, agent_script, bridge_commands, node_commands
 
 __all__ = ["ClusterError", "state_dir", "load_spec", "require_root", "check_tools", "probe",
            "probe_qdisc", "bring_up", "tear_down", "link_counters", "node_processes"]

@@ -25,10 +25,15 @@ from dataclasses import asdict, replace
 from hpctrain.tools.sim.calibrate import fit_alpha_beta, load_rows, select_rows
 from hpctrain.tools.sim.costs import ALGORITHMS
 from hpctrain.tools.sim.presets import DEVICES, INTRA, MODELS, NETWORKS
-from hpctrain.tools.sim.report import (SCALING_COLUMNS, VALIDATION_COLUMNS, format_table, plot_scaling,
-                                 write_json)
-from hpctrain.tools.sim.step import (IMAGENET_TRAIN_IMAGES, Scenario, compute_time_s, gpu_counts,
-                               scaling_table, scenario_links)
+from hpctrain.tools.sim.report import SCALING_COLUMNS, VALIDATION_COLUMNS, format_table, plot_scaling, write_json
+from hpctrain.tools.sim.step import (
+    IMAGENET_TRAIN_IMAGES,
+    Scenario,
+    compute_time_s,
+    gpu_counts,
+    scaling_table,
+    scenario_links,
+)
 from hpctrain.tools.sim.validate import NCCL_NET_HOP_ALPHA_S, nccl_latency_variant, validation_rows
 
 __all__ = ["build_parser", "main"]
