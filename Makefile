@@ -109,10 +109,10 @@ test-fast: setup
 
 # Two workers, each taking the next test when it is free (--dist loadgroup: only the tests sharing a
 # module-scoped fixture stay together, tests/conftest.py), then the tests marked `alone` (a wall
-# time against a bound) by themselves.
+# time against a bound) by themselves. --durations=25: the slowest tests, in every CI log.
 SERIAL_TESTS := tests/unit tests/kernels tests/integration
 test-serial:
-	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not alone" $(SERIAL_TESTS)
+	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=25 -m "not alone" $(SERIAL_TESTS)
 	$(PY) -m pytest -q -m alone $(SERIAL_TESTS) || [ $$? = 5 ]     # 5: none marked
 
 # Horovod's API also at -n 3 (an odd size: uneven reducescatter splits, a process set of 2 in 3).
