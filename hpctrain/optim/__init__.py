@@ -24,8 +24,12 @@ import inspect
 
 import torch
 
-from .lamb import LAMB
+# the built-in optimisers, registered in this order: the order errors and --help list them in
+# isort: off
+from .sgd import split_1d
 from .lars import LARS, resolve_norms_fn, trust_ratio
+from .lamb import LAMB
+# isort: on
 from .loss_scale import LossScaler, grads_have_inf, next_scale, unscale_and_check_
 from .registry import OPTIMIZERS
 from .schedules import (
@@ -36,9 +40,6 @@ from .schedules import (
     mlperf_lars_warmup_epochs,
     spec_from_config,
 )
-
-# the built-in optimisers, registered in this order: the order errors and --help list them in
-from .sgd import split_1d
 
 __all__ = ["LARS", "LAMB", "trust_ratio", "resolve_norms_fn", "LossScaler", "next_scale",
            "grads_have_inf", "unscale_and_check_", "ScheduleSpec", "lr_at",

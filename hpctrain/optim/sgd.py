@@ -29,9 +29,8 @@ def split_1d(params: Iterable[torch.nn.Parameter]) -> tuple[list, list]:
 FUSED_DEVICES = ("cpu", "cuda")
 """Where ``torch.optim.SGD(fused=True)`` runs: one kernel over every tensor. torch's own default
 on the CPU is a Python loop per parameter with separate passes for the momentum and the weight
-(``foreach`` kernels are for GPUs only): fused was 1.7x faster on the 12.7 M-parameter MLP of
-``bench step`` (one read of weight, gradient and momentum, one write of weight and momentum)
-and gives the same bits (docs/communication.md)."""
+(``foreach`` kernels are for GPUs only); fused reads weight, gradient and momentum once and
+writes weight and momentum once, and gives the same bits (figures: docs/communication.md)."""
 
 
 def fused_ok(params) -> bool:
