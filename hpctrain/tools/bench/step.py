@@ -21,7 +21,7 @@ Where (``--device``, default ``auto``): on a GPU node every rank's model, data, 
 and DDP live on its GPU (``hpctrain.api.bind_device``; DDP with ``device_ids``, gloo moving
 CUDA tensors), and each timed run ends with a device synchronisation, so a figure is the GPU's
 time, not the time to queue kernels; elsewhere on the CPU. The row and the header say which
-device gave the figure (issue 34, N3: before, nothing here used the GPU). Not yet run on a GPU.
+device gave the figure.
 
 Every contender holds its own replica (same initial weights, same data). A round runs every
 contender for ``--steps`` timed steps (after ``--warmup`` untimed ones in the first round) in an
