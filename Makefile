@@ -110,9 +110,10 @@ test-fast: setup
 # Two workers, each taking the next test when it is free (--dist loadgroup: only the tests sharing a
 # module-scoped fixture stay together, tests/conftest.py), then the tests marked `alone` (a wall
 # time against a bound) by themselves. --durations=25: the slowest tests, in every CI log.
+# HPCTRAIN_TEST_SCHEDULE=FILE: each test's worker, span and CPU (scripts/test-schedule FILE reports).
 SERIAL_TESTS := tests/unit tests/kernels tests/integration
 test-serial:
-	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=25 -m "not alone" $(SERIAL_TESTS)
+	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=25 -p tests.schedule_log -m "not alone" $(SERIAL_TESTS)
 	$(PY) -m pytest -q -m alone $(SERIAL_TESTS) || [ $$? = 5 ]     # 5: none marked
 
 # Horovod's API also at -n 3 (an odd size: uneven reducescatter splits, a process set of 2 in 3).
