@@ -3,7 +3,7 @@ inf/NaN check, copies into other ranks' outputs.
 
 :func:`sum_into` does them chunk by chunk while a chunk is in L2 where more than two sources are
 added (the output chunk stays in cache across the adds), as whole-tensor passes otherwise (one
-add: nothing to keep in cache, and per-chunk calls measured slower). :func:`scale_and_check`
+add: nothing to keep in cache; the per-chunk calls cost without a gain). :func:`scale_and_check`
 keeps two whole-tensor passes over a buffer a reduction has just written (still in cache).
 """
 from __future__ import annotations
@@ -42,8 +42,8 @@ def sum_into(srcs, out: torch.Tensor, scale: float = 1.0, chunk: int | None = No
     every tensor of ``copies``. With ``check``, returns whether ``out`` holds inf/NaN (a sum per
     chunk). ``chunk`` None: :data:`CHUNK_ELEMS` for more than two sources, else the whole tensor
     as one chunk: with two sources (two ranks on a node) there is one add, so chunking keeps
-    nothing in cache that a whole pass would not, and its 5 calls per chunk measured 30-40 %
-    slower on one MLP bucket (docs/communication.md, the budget section)."""
+    nothing in cache that a whole pass would not; its calls per chunk (about 9) measured never
+    faster and up to 10 % slower on an MLP bucket (``hpctrain.tools.bench.node_sum``)."""
     n = out.numel()
     if chunk is None:
         chunk = CHUNK_ELEMS if len(srcs) > 2 else max(n, 1)
