@@ -4,8 +4,11 @@
 
 Every local rank owns an input and an output of ``--elems`` fp32 in one MPI-3 shared-memory
 window, as :class:`hpctrain.comm.hierarchical.HierarchicalSync` lays out a bucket (the default is
-one bucket of the 12.7 M-parameter MLP of ``bench step``). Before each timed call a rank writes
-its input (as backward does: the lines are dirty in its own cache), then a barrier; each call is
+one bucket of the 12.7 M-parameter MLP of ``bench step``). Before each timed call a rank reads
+its output (as the optimiser reads ``p.grad``, a view of it) and writes its input (as backward
+does: the lines are dirty in its own cache), then a barrier: without the read, the state the
+previous variant left the output's lines in (written by the other core) changed the push's time
+by half. Each call is
 timed on every rank, the slowest rank's counts; the variants take turns call by call, so load
 hits all alike. Two clocks: the wall, and the thread's CPU time (steadier on a loaded host: time
 the rank spent descheduled is not in it; memory stalls are).
@@ -69,6 +72,7 @@ def run(intra: MPI.Comm, n_elems: int, repeats: int) -> dict[str, dict[str, list
         times: dict = {k: {c: [] for c in CLOCKS} for k in calls}
         for _ in range(repeats):
             for name, call in calls.items():
+                outs[me].sum()
                 ins[me].copy_(grad)
                 win.sync()
                 intra.Barrier()
