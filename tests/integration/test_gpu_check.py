@@ -1,20 +1,16 @@
 """``scripts/gpu-check`` (issue 34): its dry run on the CPU, and the driver's budget, timeouts and
 table. The dry run is what keeps the one-call GPU check from rotting where no GPU is: every step
 runs its CPU form or skips with its reason, and the test files the GPU steps name exist."""
-import importlib.machinery
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 
+from tests.scripts import load_script
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "scripts", "gpu-check")
-_loader = importlib.machinery.SourceFileLoader("gpu_check", SCRIPT)
-_spec = importlib.util.spec_from_loader("gpu_check", _loader)
-gpu_check = importlib.util.module_from_spec(_spec)
-sys.modules["gpu_check"] = gpu_check        # dataclasses look their module up there
-_loader.exec_module(gpu_check)
+gpu_check = load_script("gpu-check", "gpu_check")
 
 
 def test_dry_run_runs_or_skips_every_step_with_its_reason(tmp_path):

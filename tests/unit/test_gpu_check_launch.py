@@ -3,8 +3,6 @@ whole process group (TERM, then KILL), so no rank outlives it to hold the GPU fo
 the launch environment is complete outside make; pytest's own timeout stays below its step's;
 the preflight runs before any step, stops the check for a piece no step can do without, and a
 missing optional module skips only the step that needs it."""
-import importlib.machinery
-import importlib.util
 import json
 import os
 import sys
@@ -12,13 +10,11 @@ import time
 
 import pytest
 
+from tests.scripts import load_script
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "scripts", "gpu-check")
-_loader = importlib.machinery.SourceFileLoader("gpu_check_launch", SCRIPT)
-_spec = importlib.util.spec_from_loader("gpu_check_launch", _loader)
-gpu_check = importlib.util.module_from_spec(_spec)
-sys.modules["gpu_check_launch"] = gpu_check        # dataclasses look their module up there
-_loader.exec_module(gpu_check)
+gpu_check = load_script("gpu-check", "gpu_check_launch")
 
 # A step that hangs on purpose, as mpiexec does with its ranks: the leader starts a child that
 # outlives a TERM (it notes the TERM, then keeps sleeping) and a grandchild that sleeps; every

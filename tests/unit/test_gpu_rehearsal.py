@@ -2,17 +2,14 @@
 for the node's (linked from this venv, or fetched where they were built here), what keys its
 cache, and that its offline environment leaves pip no way out. ``make test-gpu-rehearsal`` runs
 the rehearsal itself."""
-import importlib.machinery
-import importlib.util
 import os
 import sysconfig
 import types
 
+from tests.scripts import load_script
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_loader = importlib.machinery.SourceFileLoader("gpu_rehearsal", os.path.join(ROOT, "scripts", "gpu-rehearsal"))
-_spec = importlib.util.spec_from_loader("gpu_rehearsal", _loader)
-rehearsal = importlib.util.module_from_spec(_spec)
-_loader.exec_module(rehearsal)
+rehearsal = load_script("gpu-rehearsal", "gpu_rehearsal")
 
 
 def dist(tag: str):

@@ -1,12 +1,10 @@
 """The test-schedule log (``-p tests.schedule_log``) and its report (scripts/test-schedule)."""
-import importlib.machinery
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.scripts import ROOT, load_script
 
 SAMPLE_TESTS = '''
 import subprocess, sys, time
@@ -19,14 +17,6 @@ BURN = "import time\\nt = time.process_time()\\nwhile time.process_time() - t < 
 def test_child_burns_cpu():
     subprocess.run([sys.executable, "-c", BURN], check=True)
 '''
-
-
-def load_report():
-    path = os.path.join(ROOT, "scripts", "test-schedule")
-    loader = importlib.machinery.SourceFileLoader("test_schedule", path)
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader("test_schedule", loader))
-    loader.exec_module(module)
-    return module
 
 
 def test_each_test_logs_its_wall_and_the_cpu_of_the_processes_it_waited_for(tmp_path):
@@ -61,7 +51,7 @@ def test_report_counts_busy_and_idle_per_worker_and_the_cpu_share():
         {"worker": "gw1", "test": "tests/b.py::t1", "start": 1000.0, "end": 1030.0, "cpu": 10.0},
         {"worker": "gw1", "test": "tests/b.py::t2", "start": 1050.0, "end": 1100.0, "cpu": 30.0},
     ]
-    lines = load_report().summary(recs, cores=2, top=5)
+    lines = load_script("test-schedule", "test_schedule").summary(recs, cores=2, top=5)
     assert lines[0] == "3 tests, wall 100 s, test CPU 90 s = 45 % of 2 cores over the wall"
     assert lines[1] == "  gw0: 1 tests, busy 60 s, done at +60 s, CPU 50 s"
     assert lines[2] == "  gw1: 2 tests, busy 80 s, done at +100 s, CPU 40 s"
