@@ -26,7 +26,18 @@ def test_every_variant_is_timed_alike_on_every_rank():
 
 
 @pytest.mark.mpi
-def test_the_timed_sum_is_the_mean_of_the_inputs():
+def test_extra_chunk_sizes_are_variants_of_their_own():
+    intra = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        times = node_sum.run(intra, 1001, 2, chunks=(100, 7))
+        assert {"sum@100", "sum@7"} <= set(times) and len(times) == 10
+    finally:
+        intra.Free()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("variant", ["sum", "sum@100"])
+def test_the_timed_sum_is_the_mean_of_the_inputs(variant):
     intra = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
     n, me, n_elems = intra.Get_size(), intra.Get_rank(), 1001
     nb = aligned(n_elems * 4)
@@ -35,7 +46,7 @@ def test_the_timed_sum_is_the_mean_of_the_inputs():
         ins = [win.view(r, 0, n_elems, torch.float32) for r in range(n)]
         outs = [win.view(r, nb, n_elems, torch.float32) for r in range(n)]
         ins[me].copy_(torch.randn(n_elems, generator=torch.Generator().manual_seed(me)))
-        for call in (None, node_sum.variants(ins, outs, me, n_elems)["sum"]):
+        for call in (None, node_sum.variants(ins, outs, me, n_elems, chunks=(100,))[variant]):
             if call is not None:
                 call()
             win.sync()

@@ -17,7 +17,8 @@ Variants (each rank its 1/n slice, as in training, except ``copy``):
 
 * ``copy``: the floor's copy rate: ``copy_`` between a rank's own two whole buffers;
 * ``sum``: :func:`~hpctrain.comm.fused.sum_into` as the strategy calls it (scale 1/n, the slice
-  copied into every other output, the check); ``sum@1M``: the same in 1 MiB chunks;
+  copied into every other output, the check); ``sum@1M``: the same in 1 MiB chunks (``--chunks``:
+  more sizes, ``sum@N`` for chunks of N elements);
 * ``no-check``, ``no-push``: ``sum`` without the check, without the copies to other outputs;
 * ``add``: the adds alone, no scale, copy or check;
 * ``read-own``, ``read-other``: one sum over this rank's, or another rank's, input slice (lines
@@ -38,8 +39,9 @@ from hpctrain.comm.window import SharedWindow, aligned
 CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
 
 
-def variants(ins, outs, me: int, n_elems: int) -> dict:
-    """The calls to time, by name, over local rank ``me``'s slice of the buffers."""
+def variants(ins, outs, me: int, n_elems: int, chunks=()) -> dict:
+    """The calls to time, by name, over local rank ``me``'s slice of the buffers (``chunks``: more
+    ``sum@N`` variants, the sum in chunks of N elements)."""
     n = len(ins)
     lo, hi = n_elems * me // n, n_elems * (me + 1) // n
     mine = outs[me][lo:hi]
@@ -47,10 +49,13 @@ def variants(ins, outs, me: int, n_elems: int) -> dict:
     srcs = [t[lo:hi] for t in ins]
     scale = 1.0 / n
     other_in = srcs[(me + 1) % n]
+    chunked = {f"sum@{c}": (lambda c=c: sum_into(srcs, mine, scale, copies=others, check=True, chunk=c))
+               for c in chunks}
     return {
         "copy": lambda: outs[me].copy_(ins[me]),
         "sum": lambda: sum_into(srcs, mine, scale, copies=others, check=True),
         "sum@1M": lambda: sum_into(srcs, mine, scale, copies=others, check=True, chunk=1 << 18),
+        **chunked,
         "no-check": lambda: sum_into(srcs, mine, scale, copies=others),
         "no-push": lambda: sum_into(srcs, mine, scale, check=True),
         "add": lambda: sum_into(srcs, mine),
@@ -59,7 +64,7 @@ def variants(ins, outs, me: int, n_elems: int) -> dict:
     }
 
 
-def run(intra: MPI.Comm, n_elems: int, repeats: int) -> dict[str, dict[str, list[float]]]:
+def run(intra: MPI.Comm, n_elems: int, repeats: int, chunks=()) -> dict[str, dict[str, list[float]]]:
     """Seconds of each variant per repeat, per clock, the slowest rank's (collective on ``intra``)."""
     me = intra.Get_rank()
     n_bytes = aligned(n_elems * 4)
@@ -68,7 +73,7 @@ def run(intra: MPI.Comm, n_elems: int, repeats: int) -> dict[str, dict[str, list
         ins = [win.view(r, 0, n_elems, torch.float32) for r in range(intra.Get_size())]
         outs = [win.view(r, n_bytes, n_elems, torch.float32) for r in range(intra.Get_size())]
         grad = torch.randn(n_elems, generator=torch.Generator().manual_seed(me))
-        calls = variants(ins, outs, me, n_elems)
+        calls = variants(ins, outs, me, n_elems, chunks)
         times: dict = {k: {c: [] for c in CLOCKS} for k in calls}
         for _ in range(repeats):
             for name, call in calls.items():
@@ -106,12 +111,20 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m hpctrain.tools.bench.node_sum", description=__doc__.split("\n")[0])
     p.add_argument("--elems", type=int, default=4_200_000, help="fp32 elements per bucket (default: an MLP bucket)")
     p.add_argument("--repeats", type=int, default=40)
+    p.add_argument("--chunks", default="", help="more chunk sizes to time the sum in, elements, comma-separated "
+                   "(e.g. 65536,32768,16384: a variant sum@N each)")
     args = p.parse_args(argv)
     if args.elems < 1 or args.repeats < 1:
         p.error("--elems and --repeats must be >= 1")
+    try:
+        chunks = [int(c) for c in args.chunks.split(",") if c.strip()]
+    except ValueError:
+        p.error(f"--chunks: expected comma-separated element counts, got {args.chunks!r}")
+    if any(c < 1 for c in chunks):
+        p.error(f"--chunks: every size must be >= 1, got {args.chunks!r}")
     torch.set_num_threads(1)
     intra = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
-    times = run(intra, args.elems, args.repeats)
+    times = run(intra, args.elems, args.repeats, chunks)
     if MPI.COMM_WORLD.Get_rank() == 0:
         print(format_times(times, args.elems, intra.Get_size()))
     intra.Free()
