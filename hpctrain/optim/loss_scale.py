@@ -126,7 +126,7 @@ def finite_flag(tensors: Iterable, fused: bool | None = None) -> torch.Tensor | 
     else:
         sums = [t.sum(dtype=torch.float32) if t.dtype in (torch.float16, torch.bfloat16) else t.sum()
                 for t in tensors]
-    # ``.to`` only where needed: a no-op ``.to`` still costs ~2 µs of dispatch per tensor
+    # ``.to`` only where needed: a no-op ``.to`` still pays a dispatch per tensor (docs/communication.md)
     return torch.isfinite(torch.stack([s if s.dtype == torch.float32 else s.to(torch.float32) for s in sums]).sum())
 
 
