@@ -4,8 +4,8 @@ With ``HPCTRAIN_TEST_SCHEDULE=FILE`` set, every test appends one JSON line to FI
 worker that ran it, its node id, its start and end (epoch seconds, setup and teardown included)
 and the CPU seconds it used, its own process's and those of the processes it started and waited
 for (the MPI jobs a test launches: a lower bound where a signalled launcher exits before reaping
-its ranks). ``scripts/test-schedule`` reads the file: per-worker busy and
-idle time, the longest groups, and the CPU against the wall. Without the variable it does nothing.
+its ranks). ``scripts/test-schedule`` reads the file: per-worker busy time, the CPU against the
+wall, the longest files and tests. Without the variable it does nothing.
 """
 import json
 import os
