@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+from tests.integration.inprocess import run_cli
 from tests.integration.mpirun import ENV, hpctrain_lines, mpirun
 
 COLLAPSING = ["--no-progress", "--set", "model.batchnorm=false", "--set", "optim.name=lamb", "--set", "optim.lr=0.15",
@@ -39,9 +40,9 @@ def test_a_collapsed_run_ends_with_status_6_and_one_line(tmp_path):
     assert st.returncode == 6 and st.stdout.startswith("hpctrain: collapsed: training collapsed"), st.stdout
 
 
-def test_on_collapse_warn_prints_once_and_finishes(tmp_path):
-    r, _ = mpirun(1, ["-m", "hpctrain", "--run-dir", str(tmp_path), "--epochs", "5", *COLLAPSING,
-                      "--set", "train.on_collapse=warn"], timeout=240)
+def test_on_collapse_warn_prints_once_and_finishes(tmp_path, capsys):
+    """One rank, in process (tests/integration/inprocess.py): the verdict is the same code at any size."""
+    r = run_cli(capsys, "--run-dir", str(tmp_path), "--epochs", "5", *COLLAPSING, "--set", "train.on_collapse=warn")
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stderr.count("hpctrain: warning: training collapsed") == 1, r.stderr[-2000:]
     assert "train.on_collapse=warn: going on" in r.stderr
@@ -53,7 +54,7 @@ NOT_MOVING = ["--no-progress", "--set", "optim.lr=1e-9", "--set", "optim.scale_l
               "--set", "train.collapse_steps=10"]
 
 
-def test_a_run_that_never_learned_is_not_done(tmp_path):
+def test_a_run_that_never_learned_is_not_done(tmp_path, capsys):
     """lr 1e-9: the net stays at chance. After the final checkpoint and evaluation (nothing is lost),
     status 6 and one line, not "done"; with train.on_collapse=warn, the line and status 0."""
     r, _ = mpirun(2, ["-m", "hpctrain", "--run-dir", str(tmp_path / "stop"), "--epochs", "2", *NOT_MOVING], timeout=240)
@@ -69,7 +70,7 @@ def test_a_run_that_never_learned_is_not_done(tmp_path):
     st = subprocess.run([sys.executable, "-m", "hpctrain", "status", str(tmp_path / "stop")], capture_output=True,
                         text=True, timeout=60, env={**ENV, **__import__("os").environ})
     assert st.returncode == 6 and st.stdout.startswith("hpctrain: collapsed: training never left chance"), st.stdout
-    r, _ = mpirun(1, ["-m", "hpctrain", "--run-dir", str(tmp_path / "warn"), "--epochs", "2", *NOT_MOVING,
-                      "--set", "train.on_collapse=warn"], timeout=240)
+    r = run_cli(capsys, "--run-dir", str(tmp_path / "warn"), "--epochs", "2", *NOT_MOVING,
+                "--set", "train.on_collapse=warn")
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stderr.count("hpctrain: warning: training never left chance") == 1, r.stderr[-2000:]

@@ -1,12 +1,11 @@
 """`--model package.module:factory --data DIR` trains a user's model on a user's shards."""
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
+from hpctrain.data_tools.cli import main as data_tools
 from tests.integration.inprocess import run_cli
 from tests.integration.mpirun import mpirun
 
@@ -23,9 +22,7 @@ def seq_shards(tmp_path_factory):
     for i, c in enumerate(y):
         x[i, c * 6:(c + 1) * 6] += 1.5
     np.savez(d / "seq.npz", x=x, y=y)
-    r = subprocess.run([sys.executable, "-m", "hpctrain.data_tools", "convert", "--from", "npz", str(d / "seq.npz"),
-                        "--out", str(d / "shards")], capture_output=True, text=True, cwd=ROOT)
-    assert r.returncode == 0, r.stderr
+    assert data_tools(["convert", "--no-progress", "--from", "npz", str(d / "seq.npz"), "--out", str(d / "shards")]) == 0
     return str(d / "shards")
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from hpctrain.ops import checkpoint as ck
+from tests.integration.inprocess import run_cli
 from tests.integration.mpirun import mpirun
 
 K = 15                  # not a multiple of the 22 steps per epoch: the resume lands mid-epoch
@@ -20,6 +21,11 @@ ARGS = ["-m", "hpctrain", "--no-progress", "--set", "train.eval_every=0", "--set
 def run(n, run_dir, *extra, env=None):
     r, secs = mpirun(n, [*ARGS, "--run-dir", str(run_dir), *extra], timeout=300, env=env)
     return r
+
+
+def run_here(capsys, run_dir, *extra):
+    """A one-rank run in this process (tests/integration/inprocess.py): the launch is not what is tested."""
+    return run_cli(capsys, *ARGS[2:], "--run-dir", str(run_dir), *extra)
 
 
 def final_state(run_dir):
@@ -84,11 +90,11 @@ def test_timeline_has_every_rank(straight):
         assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in spans)
 
 
-def test_other_world_size_and_batch_replans(tmp_path, straight):
+def test_other_world_size_and_batch_replans(tmp_path, straight, capsys):
     """The 2-rank checkpoint at step 30 (global batch 64, 22 steps an epoch) continues on 1 rank
     with global batch 128 (11 steps an epoch): 8 steps of 64 into epoch 1 → step 4 of epoch 1."""
     path = os.path.join(straight, "checkpoints", ck.checkpoint_name(2 * K))
-    r = run(1, tmp_path, "--max-steps", "18", "--batch-size", "128", "--set", f"ckpt.resume={path}")
+    r = run_here(capsys, tmp_path, "--max-steps", "18", "--batch-size", "128", "--set", f"ckpt.resume={path}")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "is from 2 ranks, this run has 1" in r.stderr
     assert f"resumed from {path}: step 15, epoch 1, step 4 of 11 in the epoch" in r.stderr
@@ -96,7 +102,7 @@ def test_other_world_size_and_batch_replans(tmp_path, straight):
     assert summary["start_step"] == 15 and summary["steps"] == 18 and summary["world_size"] == 1
 
 
-def test_kill_during_checkpoint_write_then_resume(tmp_path):
+def test_kill_during_checkpoint_write_then_resume(tmp_path, capsys):
     env = {"HPCTRAIN_INJECT_KILL": "checkpoint:2"}     # SIGKILL half-way through the second write
     r, _ = mpirun(1, [*ARGS, "--run-dir", str(tmp_path), "--max-steps", "12", "--set", "ckpt.every_steps=4"],
                   env=env, timeout=300)
@@ -105,7 +111,7 @@ def test_kill_during_checkpoint_write_then_resume(tmp_path):
     assert names[0].startswith(".ckpt-000000008.pt.tmp-") and names[1:] == [ck.checkpoint_name(4)]
     header, _ = ck.read_file(str(tmp_path / "checkpoints" / ck.checkpoint_name(4)))   # checksum verifies
     assert header["step"] == 4
-    r = run(1, tmp_path, "--max-steps", "12", "--set", "ckpt.every_steps=4", "--set", "ckpt.resume=auto")
+    r = run_here(capsys, tmp_path, "--max-steps", "12", "--set", "ckpt.every_steps=4", "--set", "ckpt.resume=auto")
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"resumed from {tmp_path}/checkpoints/{ck.checkpoint_name(4)}" in r.stderr
     assert [s for s, _ in ck.list_checkpoints(str(tmp_path / "checkpoints"))] == [4, 8, 12]

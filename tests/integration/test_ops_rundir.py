@@ -40,7 +40,7 @@ def test_second_job_on_a_run_dir_stops_naming_the_holder(tmp_path):
 
 
 def test_resume_auto_refuses_another_runs_checkpoint(tmp_path, capsys):
-    r, _ = mpirun(1, [*ARGS, "--run-dir", str(tmp_path), "--max-steps", "3"], timeout=120)
+    r = run_cli(capsys, *ARGS[2:], "--run-dir", str(tmp_path), "--max-steps", "3")         # in process: one rank
     assert r.returncode == 0, r.stderr[-3000:]
     assert status(tmp_path)[0] == 0
     old = tmp_path / "checkpoints" / "ckpt-000000003.pt"

@@ -59,7 +59,7 @@ def test_stop_through_the_launcher_is_status_3_by_hpctrain_status(tmp_path, how)
         argv = ["timeout", *(["--foreground"] if IMPL == "openmpi" else []), "600", *argv]
     # Open MPI's default sigkill_timeout (1 s) kills ranks still writing their checkpoint on a
     # loaded host (no line, no status); docs/operations.md tells users to raise it, as here.
-    proc = launch(argv, start_new_session=True, env={"OMPI_MCA_odls_base_sigkill_timeout": "8"})
+    proc = launch(argv, start_new_session=True, env={"OMPI_MCA_odls_base_sigkill_timeout": "4"})
     wait_for_first_epoch(proc, tmp_path)
     if how == "Ctrl-C":
         os.killpg(proc.pid, signal.SIGINT)
@@ -79,9 +79,10 @@ def test_batch_script_repairs_the_status_of_a_signalled_mpirun(tmp_path):
     """The mpirun/mpiexec that a batch script started is signalled directly (a site's wrapper, a
     prolog killing the step): the script returns the run's 3, not the launcher's 1 or 0."""
     # Open MPI's mpirun, itself signalled, waits sigkill_timeout before passing SIGTERM on and as
-    # long again before SIGKILL (jobs/common/env.sh); 8 s: the digits job's checkpoint needs far less.
+    # long again before SIGKILL (jobs/common/env.sh); 4 s: the digits job's checkpoint needs far
+    # less, and each second of the first wait is two ranks still training.
     env = {"HPCTRAIN_MPI": IMPL, "HPCTRAIN_MPIEXEC": MPIEXEC, "HPCTRAIN_PYTHON": sys.executable,
-           "OMPI_MCA_odls_base_sigkill_timeout": "8"}
+           "OMPI_MCA_odls_base_sigkill_timeout": "4"}
     proc = launch(["bash", os.path.join(ROOT, "jobs/lsf/train_mpirun.lsf"), "--nodes", "1", "--ranks-per-node", "2",
                    "--cpus-per-rank", "1", "--run-dir", str(tmp_path), "--", "--epochs", "2000"], env=env, cwd=ROOT)
     wait_for_first_epoch(proc, tmp_path)

@@ -57,7 +57,7 @@ def test_resume_of_a_missing_checkpoint_exits_2(tmp_path, capsys):
 
 
 def test_resume_of_a_truncated_checkpoint_exits_2(tmp_path, capsys):
-    r, _ = mpirun(1, [*ARGS, "--run-dir", str(tmp_path / "a"), "--max-steps", "3"])
+    r = run_cli(capsys, *ARGS[2:], "--run-dir", str(tmp_path / "a"), "--max-steps", "3")       # in process: one rank
     assert r.returncode == 0, r.stderr[-3000:]
     path = tmp_path / "a" / "checkpoints" / ck.checkpoint_name(3)
     cut = tmp_path / "cut.pt"

@@ -1,5 +1,6 @@
-"""Issue 37 end to end, at 1 rank and the smallest data: work once written is never lost or mixed
-up (legs of another batch size, corrupt checkpoints), and a non-finite result never ends "done"."""
+"""End to end, at 1 rank (in process) and the smallest data: work once written is never lost or
+mixed up (legs of another batch size, corrupt checkpoints), and a non-finite result never ends
+"done"."""
 import json
 import os
 import subprocess
@@ -9,15 +10,15 @@ import h5py
 import numpy as np
 
 from hpctrain.ops import checkpoint as ck
-from tests.integration.inprocess import run_cli
-from tests.integration.mpirun import hpctrain_lines, mpirun
+from tests.integration.inprocess import run_cli, run_data_tools
+from tests.integration.mpirun import hpctrain_lines
 
-ARGS = ["-m", "hpctrain", "--no-progress", "--set", "train.eval_every=0"]
+ARGS = ["--no-progress", "--set", "train.eval_every=0"]
 
 
-def run(run_dir, *extra):
-    r, _ = mpirun(1, [*ARGS, "--run-dir", str(run_dir), *extra], timeout=300)
-    return r
+def run(capsys, run_dir, *extra):
+    """A one-rank run in this process (tests/integration/inprocess.py): the launch is not what is tested."""
+    return run_cli(capsys, *ARGS, "--run-dir", str(run_dir), *extra)
 
 
 def ours(r):
@@ -34,18 +35,18 @@ def events(run_dir):
     return [json.loads(x)["event"] for x in open(os.path.join(run_dir, "metrics.jsonl"))]
 
 
-def test_a_resume_with_another_batch_is_a_new_leg_that_auto_resume_and_pruning_keep(tmp_path):
+def test_a_resume_with_another_batch_is_a_new_leg_that_auto_resume_and_pruning_keep(tmp_path, capsys):
     """The issue's recipe, scaled down: leg 0 at batch 64 to step 30 (22 steps an epoch);
     leg 1 at batch 128 (11 an epoch) restarts at step 15, lower, and goes to 22; a third start
     continues leg 1 (not leg 0's higher-numbered step 30), and pruning kept leg 1's."""
     d = tmp_path / "run"
-    r = run(d, "--max-steps", "30", "--set", "ckpt.every_steps=10")
+    r = run(capsys, d, "--max-steps", "30", "--set", "ckpt.every_steps=10")
     assert r.returncode == 0, r.stderr[-3000:]
-    r = run(d, "--max-steps", "22", "--batch-size", "128", "--set", "ckpt.every_steps=3", "--resume", "auto")
+    r = run(capsys, d, "--max-steps", "22", "--batch-size", "128", "--set", "ckpt.every_steps=3", "--resume", "auto")
     assert r.returncode == 0, r.stderr[-3000:]
     leg_lines = [x for x in ours(r) if "resume changes the global batch 64 -> 128" in x]
     assert len(leg_lines) == 1 and "leg 1 of this run" in leg_lines[0], ours(r)
-    r = run(d, "--max-steps", "24", "--batch-size", "128", "--set", "ckpt.every_steps=3", "--resume", "auto")
+    r = run(capsys, d, "--max-steps", "24", "--batch-size", "128", "--set", "ckpt.every_steps=3", "--resume", "auto")
     assert r.returncode == 0, r.stderr[-3000:]
     where = d / "checkpoints"
     assert f"resumed from {where}/ckpt-000000022-leg1.pt: step 22" in r.stderr, ours(r)
@@ -59,14 +60,14 @@ def test_a_resume_with_another_batch_is_a_new_leg_that_auto_resume_and_pruning_k
 
 def test_auto_resume_refuses_when_no_checkpoint_verifies(tmp_path, capsys):
     d = tmp_path / "run"
-    r = run(d, "--max-steps", "6", "--set", "ckpt.every_steps=3")
+    r = run(capsys, d, "--max-steps", "6", "--set", "ckpt.every_steps=3")
     assert r.returncode == 0, r.stderr[-3000:]
     log_before = open(d / "metrics.jsonl").read()
     for _, path in ck.list_checkpoints(str(d / "checkpoints")):
         with open(path, "r+b") as fh:
             fh.seek(-1, os.SEEK_END)
             fh.write(b"\0" if fh.read(1) != b"\0" else b"\1")
-    r = run_cli(capsys, *ARGS[2:], "--run-dir", str(d), "--max-steps", "9", "--resume", "auto")     # a start-up refusal
+    r = run(capsys, d, "--max-steps", "9", "--resume", "auto")     # a start-up refusal
     assert r.returncode == 2, r.stderr[-3000:]
     errors = [x for x in ours(r) if x.startswith("hpctrain: error:")]
     assert len(errors) == 1 and "no checkpoint of this run" in errors[0], ours(r)
@@ -77,7 +78,7 @@ def test_auto_resume_refuses_when_no_checkpoint_verifies(tmp_path, capsys):
     assert code == 2 and "no checkpoint of this run" in line
 
 
-def nan_data(tmp_path):
+def nan_data(tmp_path, capsys):
     """An npz with a NaN in one test sample, converted with --allow-nonfinite; its index in the
     test split (the converter may reorder)."""
     rng = np.random.default_rng(0)
@@ -87,19 +88,18 @@ def nan_data(tmp_path):
     np.savez(tmp_path / "n.npz", x=x, y=(x[:, 0] > 0).astype(np.int64), x_test=xt,
              y_test=(xt[:, 0] > 0).astype(np.int64))
     out = tmp_path / "shards"
-    r = subprocess.run([sys.executable, "-m", "hpctrain.data_tools", "convert", "--no-progress", "--from", "npz",
-                        str(tmp_path / "n.npz"), "--allow-nonfinite", "--out", str(out)],
-                       capture_output=True, text=True, timeout=120)
+    r = run_data_tools(capsys, "convert", "--no-progress", "--from", "npz", str(tmp_path / "n.npz"), "--allow-nonfinite",
+                       "--out", str(out))
     assert r.returncode == 0, r.stderr
     index = json.load(open(out / "index.json"))
     rows = np.concatenate([h5py.File(out / e["file"])["x"][:] for e in index["splits"]["test"]["shards"]])
     return out, int(np.flatnonzero(np.isnan(rows).any(axis=1))[0])
 
 
-def test_a_nan_in_the_test_split_is_not_done(tmp_path):
-    data, bad = nan_data(tmp_path)
+def test_a_nan_in_the_test_split_is_not_done(tmp_path, capsys):
+    data, bad = nan_data(tmp_path, capsys)
     d = tmp_path / "run"
-    r = run(d, "--data", str(data), "--model", "mlp", "--batch-size", "32", "--epochs", "1")
+    r = run(capsys, d, "--data", str(data), "--model", "mlp", "--batch-size", "32", "--epochs", "1")
     assert r.returncode == 2, r.stderr[-3000:]
     errors = [x for x in ours(r) if x.startswith("hpctrain: error:")]
     assert len(errors) == 1 and "non-finite result on the test split" in errors[0], ours(r)
