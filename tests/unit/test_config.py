@@ -4,10 +4,7 @@ import dataclasses
 import importlib
 import inspect
 import math
-import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -17,6 +14,7 @@ from hpctrain.config.registries import Registry
 from hpctrain.job.config import Config, ConfigError, load_toml, sections, set_value, validate
 from hpctrain.config import LOSS_SCALE, Range, registry
 from hpctrain.config.plugins import option_schema
+from tests.integration.inprocess import run_cli
 
 
 def test_precedence(tmp_path):
@@ -47,24 +45,20 @@ def test_validation(argv, world, field):
         validate(config_from_args(argv), world)
 
 
-def run_cli(*args, **kw):
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    return subprocess.run([sys.executable, "-m", "hpctrain", *args], capture_output=True, text=True,
-                          env=env, timeout=120, **kw)
 
 
-def test_cli_one_line_errors(tmp_path):
-    r = run_cli("--batch-size", "-5")
+def test_cli_one_line_errors(tmp_path, capsys):
+    r = run_cli(capsys, "--batch-size", "-5")
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == ["hpctrain: error: config train.batch_size: must be positive, got -5"]
-    r = run_cli("--data", str(tmp_path / "missing"), "--run-dir", str(tmp_path / "run"))
+    r = run_cli(capsys, "--data", str(tmp_path / "missing"), "--run-dir", str(tmp_path / "run"))
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "missing" in lines[0] and "not found" in lines[0], r.stderr
 
 
-def test_help_lists_every_key():
-    r = run_cli("--help")
+def test_help_lists_every_key(capsys):
+    r = run_cli(capsys, "--help")
     assert r.returncode == 0
     for key in ("train.batch_size", "comm.strategy", "optim.warmup_epochs", "data.block_size"):
         assert key in r.stdout
@@ -288,8 +282,8 @@ def test_help_shows_ranges():
     (["--set", "optim.lr_1d_scale=2"], "hpctrain: error: config optim.lr_1d_scale: must be in [0, 1], got 2.0"),
     (["--optimizer", "adam"], "hpctrain: error: config optim.name: must be one of sgd | lars | lamb, got 'adam'"),
 ])
-def test_cli_numbers_one_line_status_2(tmp_path, args, line):
-    r = run_cli(*args, "--run-dir", str(tmp_path / "run"))
+def test_cli_numbers_one_line_status_2(tmp_path, capsys, args, line):
+    r = run_cli(capsys, *args, "--run-dir", str(tmp_path / "run"))
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [line]
     assert not (tmp_path / "run").exists()

@@ -74,12 +74,10 @@ def test_cli_error_names_the_missing_file(tmp_path, capsys):
     assert "metrics.jsonl: not found" in capsys.readouterr().err
 
 
-def test_reads_a_real_run(tmp_path):
-    """The fields the job writes are the ones the report reads (a 1-rank, 3-step run)."""
-    import subprocess
-    import sys
-    r = subprocess.run([sys.executable, "-m", "hpctrain", "--run-dir", str(tmp_path), "--no-progress",
-                        "--max-steps", "3", "--set", "ckpt.keep=1"], capture_output=True, text=True, timeout=300)
+def test_reads_a_real_run(tmp_path, capsys):
+    """The fields the job writes are the ones the report reads (a 1-rank, 3-step run, in process)."""
+    from tests.integration.inprocess import run_cli
+    r = run_cli(capsys, "--run-dir", str(tmp_path), "--no-progress", "--max-steps", "3", "--set", "ckpt.keep=1")
     assert r.returncode == 0, r.stderr
     f = report.figures(report.load_run(str(tmp_path)))
     assert f["steps"] == 3 and f["world_size"] == 1 and f["samples_per_s"] > 0

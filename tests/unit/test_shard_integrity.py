@@ -7,14 +7,13 @@ loader's thread when the loader reads); the collective check over ranks, and ``m
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import h5py
 import numpy as np
 import pytest
 
 from hpctrain.data import ShardError, ShardLoader, ShardSet, read_index
+from tests.integration.inprocess import run_data_tools
 from tests.shard_files import convert_digits, flip
 
 SHARD = "train-00002-of-00004.h5"
@@ -151,8 +150,9 @@ def test_bad_sha256_field(digits):
         read_index(digits)
 
 
-def data_tools(*args):
-    r = subprocess.run([sys.executable, "-m", "hpctrain.data_tools", *args], capture_output=True, text=True)
+def data_tools(capsys, *args):
+    """The ``hpctrain.data_tools`` command in process (tests/integration/inprocess.py)."""
+    r = run_data_tools(capsys, *args)
     return r.returncode, r.stdout, r.stderr
 
 
@@ -162,12 +162,12 @@ def assert_one_line_error(rc, out, err, *needles):
     assert "Traceback" not in err and all(n in err for n in needles), err
 
 
-def test_cli_verify_and_inspect_refuse_a_flipped_byte(digits):
+def test_cli_verify_and_inspect_refuse_a_flipped_byte(digits, capsys):
     path = os.path.join(digits, SHARD)
     flip(path, positions(path)["x sample"])
     for cmd in ("verify", "inspect"):
-        assert_one_line_error(*data_tools(cmd, digits), SHARD, "checksum mismatch")
-    rc, out, _ = data_tools("inspect", "--no-verify", digits)
+        assert_one_line_error(*data_tools(capsys, cmd, digits), SHARD, "checksum mismatch")
+    rc, out, _ = data_tools(capsys, "inspect", "--no-verify", digits)
     assert rc == 0 and "train: 1438 samples" in out
 
 
@@ -185,23 +185,23 @@ def test_grid_checks_the_shards_it_reads(digits, tmp_path):
 
 
 @pytest.mark.parametrize("field", ["sha256", "shards"])
-def test_cli_verify_on_an_index_without_a_field(digits, field):
+def test_cli_verify_on_an_index_without_a_field(digits, field, capsys):
     def edit(meta):
         target = meta["splits"]["train"] if field == "shards" else meta["splits"]["train"]["shards"][0]
         del target[field]
     _edit_index(digits, edit)
-    assert_one_line_error(*data_tools("verify", digits), "index.json", repr(field))
+    assert_one_line_error(*data_tools(capsys, "verify", digits), "index.json", repr(field))
 
 
 @pytest.mark.parametrize("no_verify", [False, True])
-def test_cli_inspect_with_a_missing_shard(digits, no_verify):
+def test_cli_inspect_with_a_missing_shard(digits, no_verify, capsys):
     os.remove(os.path.join(digits, SHARD))
     args = ["inspect", digits] + (["--no-verify"] if no_verify else [])
-    assert_one_line_error(*data_tools(*args), f"{SHARD}: shard file missing")
+    assert_one_line_error(*data_tools(capsys, *args), f"{SHARD}: shard file missing")
 
 
-def test_cli_verify_and_inspect_pass_on_intact_data(digits):
-    rc, out, err = data_tools("verify", digits)
+def test_cli_verify_and_inspect_pass_on_intact_data(digits, capsys):
+    rc, out, err = data_tools(capsys, "verify", digits)
     assert rc == 0 and "OK" in out, err
-    rc, out, err = data_tools("inspect", digits)
+    rc, out, err = data_tools(capsys, "inspect", digits)
     assert rc == 0 and "train: 1438 samples in 4 shard(s)" in out, err

@@ -1,8 +1,6 @@
 """Shard format: round trips, the loader's coverage, and one-line errors naming the file."""
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -10,6 +8,7 @@ import pytest
 from hpctrain.data_tools.sources import SOURCES
 from hpctrain.data_tools.writer import write_dataset
 from hpctrain.data import ShardError, ShardLoader, ShardSet, read_index
+from tests.integration.inprocess import run_data_tools
 
 
 @pytest.fixture
@@ -34,10 +33,9 @@ def test_round_trip_across_shards(npz_dataset):
     s.verify()
 
 
-def test_digits_convert_cli(tmp_path):
+def test_digits_convert_cli(tmp_path, capsys):
     out = tmp_path / "digits"
-    r = subprocess.run([sys.executable, "-m", "hpctrain.data_tools", "convert", "--from", "digits", "--out", str(out),
-                        "--shards", "3"], capture_output=True, text=True)
+    r = run_data_tools(capsys, "convert", "--from", "digits", "--out", str(out), "--shards", "3")
     assert r.returncode == 0, r.stderr
     idx = read_index(str(out))
     assert idx.num_samples("train") + idx.num_samples("test") == 1797
@@ -46,7 +44,7 @@ def test_digits_convert_cli(tmp_path):
     want = src.splits["test"].read(0, src.splits["test"].num_samples)
     got, _ = ShardSet(idx, "test").read_range(0, idx.num_samples("test"))
     np.testing.assert_array_equal(got, want.x)
-    r = subprocess.run([sys.executable, "-m", "hpctrain.data_tools", "verify", str(out)], capture_output=True, text=True)
+    r = run_data_tools(capsys, "verify", str(out))
     assert r.returncode == 0 and "OK" in r.stdout
 
 
