@@ -66,7 +66,7 @@ MPICH_JOB_TESTS := tests/integration/test_mpich.py tests/integration/test_failur
 MPICH_JOB_SKIP := not test_training_fault_mid_run_names_rank and not 2-dtype- and not 2-op-
 LIBVERSION = -c 'from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0].strip())'
 
-.PHONY: setup setup-mpich demo test test-side test-fast lint test-serial test-mpi test-slurm test-mpich test-gpu gpu-venv gpu-check test-gpu-rehearsal docs bench clean
+.PHONY: setup setup-mpich demo test test-side test-fast lint test-serial test-mpi slurm-start test-slurm test-mpich test-gpu gpu-venv gpu-check test-gpu-rehearsal docs bench clean
 # GPU=auto|1|0 (CUDA=12|13): torch's CUDA build and CuPy on GPU nodes (scripts/gpu_choice.py);
 # DRY_RUN=1 says what would be installed.
 GPU      ?= auto
@@ -80,12 +80,12 @@ demo: setup
 	$(MPIEXEC) -n $(NP) $(PY) -m hpctrain --run-dir runs/demo
 
 # The serial leg leaves about a third of the two cores idle (tests that wait out a stall, a timeout
-# or a launcher's grace period), so lint, the docs and the MPICH venv (single-threaded, no MPI
-# job: nothing that spins) run beside it, their output kept in a file of this run's own and
+# or a launcher's grace period), so lint, the docs, the MPICH venv, Slurm's start and the GPU
+# rehearsal (single-threaded, no multi-rank MPI job: nothing that spins) run beside it, their output kept in a file of this run's own and
 # printed after it (make runs a line that names $(MAKE) even under -n: a fixed name would be
 # overwritten by `make -n test` beside a real run).
 test: setup
-	@echo "== [test] serial tests beside lint, the docs and the MPICH venv; then the MPI tests under $$($(PY) $(LIBVERSION))"
+	@echo "== [test] serial tests beside lint, the docs, the MPICH venv, Slurm's start and the GPU rehearsal; then the MPI tests under $$($(PY) $(LIBVERSION))"
 	@side_log=$$(mktemp "$${TMPDIR:-/tmp}/hpctrain-test-side.XXXXXX"); \
 	$(MAKE) --no-print-directory test-side > "$$side_log" 2>&1 & side=$$!; \
 	$(MAKE) --no-print-directory test-serial; serial=$$?; \
@@ -95,13 +95,16 @@ test: setup
 	$(MAKE) --no-print-directory test-mpi
 	$(MAKE) --no-print-directory test-slurm
 	$(MAKE) --no-print-directory test-mpich
-	$(MAKE) --no-print-directory test-gpu-rehearsal
 
-# What `make test` runs beside the serial leg, in this order (one shell's background job).
+# What `make test` runs beside the serial leg, in this order (one shell's background job). Slurm's
+# daemons started here sit idle until test-slurm (whose own start then finds them running); the
+# rehearsal's one MPI job is a single rank of a dry run.
 test-side:
 	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory docs
 	$(MAKE) --no-print-directory setup-mpich
+	$(MAKE) --no-print-directory slurm-start
+	$(MAKE) --no-print-directory test-gpu-rehearsal
 
 # ruff, then mypy, on the package code (hpctrain, data_tools, kernels; ruff on examples/ too, so
 # what users copy stays clean); both read their settings from pyproject.toml (mypy's files: the
@@ -200,8 +203,10 @@ gpu-check:
 	PYTHONPATH=$(CURDIR) $(GPU_PY) scripts/gpu-check --python $(GPU_PY) --mpiexec $(GPU_MPIEXEC) $(OUT)
 
 # One-node Slurm on this host (installs slurm-wlm + munge once), then the batch scripts under it.
-test-slurm: setup
+slurm-start:
 	@bash scripts/slurm/start.sh || echo "[test-slurm] Slurm could not be started: its tests will be skipped"
+
+test-slurm: setup slurm-start
 	env -u PMIX_MCA_psec HPCTRAIN_TEST_SLURM=1 $(PY) -m pytest -q -rs tests/integration/test_ops_slurm.py
 
 # MPICH (Hydra): the MPI tests that depend on the library at -n 2 (the -n 4 topologies of a subset),
