@@ -81,8 +81,8 @@ demo: setup
 
 # The serial leg leaves about a third of the two cores idle (tests that wait out a stall, a timeout
 # or a launcher's grace period), so lint, the docs, the MPICH venv, Slurm's start and the GPU
-# rehearsal (single-threaded, no multi-rank MPI job: nothing that spins) run beside it, their output kept in a file of this run's own and
-# printed after it (make runs a line that names $(MAKE) even under -n: a fixed name would be
+# rehearsal (single-threaded, no multi-rank MPI job: nothing that spins) run beside it, their
+# output kept in a file of this run's own and printed after it (make runs a line that names $(MAKE) even under -n: a fixed name would be
 # overwritten by `make -n test` beside a real run).
 test: setup
 	@echo "== [test] serial tests beside lint, the docs, the MPICH venv, Slurm's start and the GPU rehearsal; then the MPI tests under $$($(PY) $(LIBVERSION))"
@@ -202,10 +202,11 @@ OUT ?= gpu-check-out
 gpu-check:
 	PYTHONPATH=$(CURDIR) $(GPU_PY) scripts/gpu-check --python $(GPU_PY) --mpiexec $(GPU_MPIEXEC) $(OUT)
 
-# One-node Slurm on this host (installs slurm-wlm + munge once), then the batch scripts under it.
+# One-node Slurm on this host (installs slurm-wlm + munge once; a no-op while it runs).
 slurm-start:
 	@bash scripts/slurm/start.sh || echo "[test-slurm] Slurm could not be started: its tests will be skipped"
 
+# The batch scripts under that Slurm.
 test-slurm: setup slurm-start
 	env -u PMIX_MCA_psec HPCTRAIN_TEST_SLURM=1 $(PY) -m pytest -q -rs tests/integration/test_ops_slurm.py
 
