@@ -66,7 +66,7 @@ MPICH_JOB_TESTS := tests/integration/test_mpich.py tests/integration/test_failur
 MPICH_JOB_SKIP := not test_training_fault_mid_run_names_rank and not 2-dtype- and not 2-op-
 LIBVERSION = -c 'from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0].strip())'
 
-.PHONY: setup setup-mpich demo test test-side test-fast lint test-serial test-mpi slurm-start test-slurm test-mpich test-gpu gpu-venv gpu-check test-gpu-rehearsal docs bench clean
+.PHONY: setup setup-mpich demo test test-side test-fast lint test-serial test-serial-parallel test-serial-alone test-mpi slurm-start test-slurm test-mpich test-gpu gpu-venv gpu-check test-gpu-rehearsal docs bench clean
 # GPU=auto|1|0 (CUDA=12|13): torch's CUDA build and CuPy on GPU nodes (scripts/gpu_choice.py);
 # DRY_RUN=1 says what would be installed.
 GPU      ?= auto
@@ -79,26 +79,29 @@ setup-mpich:
 demo: setup
 	$(MPIEXEC) -n $(NP) $(PY) -m hpctrain --run-dir runs/demo
 
-# The serial leg leaves about a third of the two cores idle (tests that wait out a stall, a timeout
-# or a launcher's grace period), so lint, the docs, the MPICH venv, Slurm's start and the GPU
-# rehearsal (single-threaded, no multi-rank MPI job: nothing that spins) run beside it, their
-# output kept in a file of this run's own and printed after it (make runs a line that names $(MAKE) even under -n: a fixed name would be
-# overwritten by `make -n test` beside a real run).
+# Lint, the docs, the MPICH venv, Slurm's start and the GPU rehearsal (no multi-rank MPI job:
+# nothing that spins; the rehearsal's one MPI job is a single rank of a dry run) run beside the
+# serial leg's parallel part, their output kept in a file of this run's own and printed after it
+# (make runs a line that names $(MAKE) even under -n: a fixed name would be overwritten by
+# `make -n test` beside a real run). The tests marked `alone` (a wall time against a bound) run
+# after both, so a first run's MPICH build cannot eat their bounds.
 test: setup
 	@echo "== [test] serial tests beside lint, the docs, the MPICH venv, Slurm's start and the GPU rehearsal; then the MPI tests under $$($(PY) $(LIBVERSION))"
 	@side_log=$$(mktemp "$${TMPDIR:-/tmp}/hpctrain-test-side.XXXXXX"); \
 	$(MAKE) --no-print-directory test-side > "$$side_log" 2>&1 & side=$$!; \
-	$(MAKE) --no-print-directory test-serial; serial=$$?; \
+	$(MAKE) --no-print-directory test-serial-parallel; serial=$$?; \
 	wait $$side; side_status=$$?; \
 	echo "== [test] beside the serial leg (status $$side_status):"; cat "$$side_log"; rm -f "$$side_log"; \
 	[ $$serial = 0 ] && [ $$side_status = 0 ]
+	$(MAKE) --no-print-directory test-serial-alone
 	$(MAKE) --no-print-directory test-mpi
 	$(MAKE) --no-print-directory test-slurm
 	$(MAKE) --no-print-directory test-mpich
 
-# What `make test` runs beside the serial leg, in this order (one shell's background job). Slurm's
-# daemons started here sit idle until test-slurm (whose own start then finds them running); the
-# rehearsal's one MPI job is a single rank of a dry run.
+# What `make test` runs beside the serial leg's parallel part, in this order (one shell's
+# background job). Slurm's daemons started here sit idle until test-slurm (whose own start then
+# finds them running). Slurm's batch jobs themselves stay out: the serial leg keeps the two cores
+# 90 % busy, and beside it they lengthened it by their own length (docs/development.md).
 test-side:
 	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory docs
@@ -132,7 +135,13 @@ test-fast: setup
 # HPCTRAIN_TEST_SCHEDULE=FILE: each test's worker, span and CPU (scripts/test-schedule FILE reports).
 SERIAL_TESTS := tests/unit tests/kernels tests/integration
 test-serial:
+	$(MAKE) --no-print-directory test-serial-parallel
+	$(MAKE) --no-print-directory test-serial-alone
+
+test-serial-parallel:
 	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=25 -p tests.schedule_log -m "not alone" $(SERIAL_TESTS)
+
+test-serial-alone:
 	$(PY) -m pytest -q -m alone $(SERIAL_TESTS) || [ $$? = 5 ]     # 5: none marked
 
 # Horovod's API also at -n 3 (an odd size: uneven reducescatter splits, a process set of 2 in 3).
