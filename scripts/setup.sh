@@ -37,9 +37,12 @@ extras=docs
 tools=('pytest>=8' 'pytest-mpi>=0.6' 'pytest-timeout>=2.3' 'pytest-xdist>=3' 'tensorboard>=2.14' 'safetensors>=0.4')
 if [ "$MPI" = openmpi ] && [ "$cuda_extra" != cuda13 ]; then extras="test,$extras"; tools=(); fi
 [ "$cuda_extra" != - ] && extras="$extras,$cuda_extra"
+installer=${HPCTRAIN_INSTALLER:-uv}     # step 2 says why uv
+case "$installer" in uv|pip) ;; *) echo "[setup] HPCTRAIN_INSTALLER=$installer: choose uv or pip" >&2; exit 2 ;; esac
 if [ "${DRY_RUN:-0}" = 1 ]; then
   say "dry run: $torch_what"
   say "dry run: hpctrain[$extras] ${tools[*]}"
+  say "dry run: installed with $installer"
   exit 0
 fi
 
@@ -62,8 +65,24 @@ fi
 #    nothing else pulls a different build.
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 vpy="$VENV/bin/python"
-pip="$vpy -m pip install -q"
-[ -d /opt/wheels ] && pip="$pip --find-links /opt/wheels"
+#    Installs go through uv (PyPI's `uv`, a pip-compatible installer, put into the venv by its own
+#    pip): it keeps unpacked wheels in its cache (~/.cache/uv) and links them into a new venv, so
+#    a second venv on the same machine (a fresh clone) is made in seconds where pip took a minute
+#    (docs/development.md). uv reads no pip configuration: a PIP_INDEX_URL (a site's mirror) is
+#    passed on as UV_DEFAULT_INDEX. It compiles the bytecode as pip does (--compile-bytecode): with
+#    PYTHONDONTWRITEBYTECODE set, as on this machine, a venv without it compiles torch's sources at
+#    every import (2.0 -> 4.3 s a process, measured). HPCTRAIN_INSTALLER=pip, or a pip that cannot
+#    fetch uv, keeps pip.
+links=""; [ -d /opt/wheels ] && links="--find-links /opt/wheels"
+if [ "$installer" = uv ] && ! { [ -x "$VENV/bin/uv" ] || "$vpy" -m pip install -q 'uv>=0.9' $links; }; then
+  say "uv could not be installed: installing with pip"; installer=pip
+fi
+if [ "$installer" = uv ]; then
+  [ -n "${PIP_INDEX_URL:-}" ] && export UV_DEFAULT_INDEX=${UV_DEFAULT_INDEX:-$PIP_INDEX_URL}
+  pip="$VENV/bin/uv pip install -q --compile-bytecode --python $vpy $links"
+else
+  pip="$vpy -m pip install -q $links"
+fi
 installed=$("$vpy" -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null || true)
 if [ -n "$installed" ] && "$PY" scripts/gpu_choice.py --replaces "$installed" "$flavour"; then
   say "removing torch $installed (a CUDA build; pip would keep it for torch==2.13.0)"
@@ -84,7 +103,8 @@ $pip 'Cython>=3,<4' pkgconfig 'setuptools>=77' wheel 'numpy<3'
 #    libmpich.so.12, so for MPICH the venv gets a 16-byte shim <venv>/lib/libmpi.so.12 (SONAME
 #    libmpi.so.12, NEEDED libmpich.so.12): mpi4py finds it first and MPI.mpich links against it.
 #    If that ever fails, mpi4py is compiled with mpicc.mpich instead (3+ CPU minutes).
-#    --no-cache-dir on source builds: pip's wheel cache would hand one MPI's build to the other venv.
+#    That source build goes through pip with --no-cache-dir: a wheel cache (pip's or uv's) would hand
+#    one MPI's build to the other venv.
 is_bound() { "$vpy" -c "import sys; from mpi4py import MPI; sys.exit('$1' not in MPI.Get_library_version())" 2>/dev/null; }
 $pip 'mpi4py>=4.1'
 if [ "$MPI" = mpich ]; then
@@ -97,7 +117,8 @@ if [ "$MPI" = mpich ]; then
   fi
   if ! is_bound MPICH; then
     say "mpi4py's wheel did not load MPICH: compiling mpi4py with mpicc.mpich (a few minutes, once)"
-    MPICC=mpicc.mpich $pip --no-cache-dir --no-build-isolation --no-binary=mpi4py --force-reinstall --no-deps 'mpi4py>=4.1'
+    MPICC=mpicc.mpich "$vpy" -m pip install -q --no-cache-dir --no-build-isolation --no-binary=mpi4py \
+      --force-reinstall --no-deps 'mpi4py>=4.1'
   fi
 fi
 is_bound "$([ "$MPI" = mpich ] && echo MPICH || echo 'Open MPI')" || { say "ERROR: mpi4py is not bound to $MPI"; exit 1; }
@@ -112,10 +133,18 @@ is_bound "$([ "$MPI" = mpich ] && echo MPICH || echo 'Open MPI')" || { say "ERRO
 #    seconds, and a machine without it (or with another MPI build) compiles it. HPCTRAIN_WHEEL_CACHE
 #    moves the cache; an empty value turns it off.
 if ! "$vpy" -c 'import h5py,sys; sys.exit(not h5py.get_config().mpi)' 2>/dev/null; then
-  src=$(mktemp -d)
-  $vpy -m pip download -q --no-deps --no-binary=h5py -d "$src" "h5py${H5PY_SPEC:-}" >/dev/null
-  sdist=$(ls "$src"/h5py-*.tar.gz)
-  h5py_version=$(basename "$sdist" .tar.gz); h5py_version=${h5py_version#h5py-}
+  src=$(mktemp -d); sdist=""
+  fetch_sdist() {   # h5py's source release matching $1; sets $sdist and $h5py_version
+    $vpy -m pip download -q --no-deps --no-binary=h5py -d "$src" "$1" >/dev/null
+    sdist=$(ls "$src"/h5py-*.tar.gz)
+    h5py_version=$(basename "$sdist" .tar.gz); h5py_version=${h5py_version#h5py-}
+  }
+  #    The version comes from pip's resolver report on the binary wheels (a second): downloading
+  #    the source release prepares its metadata in a build environment (12 s here), so that is
+  #    done only to build, or where no wheel says the version.
+  h5py_version=$($vpy -m pip install -q --dry-run --no-deps --ignore-installed --only-binary=:all: --report - \
+    "h5py${H5PY_SPEC:-}" 2>/dev/null | $vpy -c 'import json,sys; print(json.load(sys.stdin)["install"][0]["metadata"]["version"])' \
+    2>/dev/null) || fetch_sdist "h5py${H5PY_SPEC:-}"
   lib=$("$vpy" -c 'from mpi4py import MPI; print(MPI.Get_library_version().replace(chr(0), "").splitlines()[0].strip())')
   hdf5=$(dpkg-query -W -f '${Version}' "libhdf5-$MPI-dev")
   pytag=$("$vpy" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
@@ -132,6 +161,7 @@ if ! "$vpy" -c 'import h5py,sys; sys.exit(not h5py.get_config().mpi)' 2>/dev/nul
     say "building h5py against Debian's parallel HDF5 for $MPI (about 2 minutes, once per machine: $wheel_key)"
     par_cfg=$(mktemp)
     printf '[build_ext]\nparallel = %s\n' "$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)" > "$par_cfg"
+    [ -n "$sdist" ] || fetch_sdist "h5py==$h5py_version"
     if DIST_EXTRA_CONFIG=$par_cfg HDF5_MPI=ON CC=mpicc.$MPI HDF5_DIR=/usr/lib/x86_64-linux-gnu/hdf5/$MPI \
          $vpy -m pip wheel -q --no-cache-dir --no-build-isolation --no-deps -w "$src/built" "$sdist"; then
       $pip --no-deps "$src"/built/h5py-*.whl

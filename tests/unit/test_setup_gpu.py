@@ -94,6 +94,14 @@ def test_setup_keeps_the_cpu_wheel_here(tmp_path):
     assert r.returncode == 2 and "set CUDA=12 or CUDA=13" in r.stderr
 
 
+def test_setup_installs_with_uv_unless_told_pip(tmp_path, monkeypatch):
+    monkeypatch.delenv("HPCTRAIN_INSTALLER", raising=False)
+    assert "dry run: installed with uv" in dry_run(tmp_path, GPU="0").stdout
+    assert "dry run: installed with pip" in dry_run(tmp_path, GPU="0", HPCTRAIN_INSTALLER="pip").stdout
+    r = dry_run(tmp_path, GPU="0", HPCTRAIN_INSTALLER="conda")
+    assert r.returncode == 2 and r.stderr == "[setup] HPCTRAIN_INSTALLER=conda: choose uv or pip\n"
+
+
 @pytest.mark.parametrize("version, torch_pin, extras", [
     ("12.4", "torch==2.13.0+cu126", "hpctrain[test,docs,cuda]"),
     ("13.0", "torch==2.13.0+cu130", "hpctrain[docs,cuda13] pytest>=8"),
