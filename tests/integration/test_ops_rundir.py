@@ -14,7 +14,8 @@ ARGS = ["-m", "hpctrain", "--no-progress"]
 
 
 def test_second_job_on_a_run_dir_stops_naming_the_holder(tmp_path):
-    first = start_training(tmp_path, 1, "--epochs", "2000")
+    # the holder only has to hold the lock: a 50 ms emulated link (slept) keeps its core free
+    first = start_training(tmp_path, 1, "--epochs", "2000", "--set", "comm.delay_ms=50")
     try:
         [pid] = rank_pids(first.pid)
         before = {n: (tmp_path / n).read_bytes() for n in ("run_id", ".lock")}
